@@ -1,0 +1,111 @@
+// Package keyspace names every Redis key tasklease uses.
+//
+// All keys of one task live under the hash tag of its partition,
+// "{<prefix>:p<N>}", with N = crc32(taskKey) % partitions (DESIGN §2.7). A
+// Lua script only ever touches keys of one partition, so every script is
+// Redis Cluster safe, and the partition's request stream, retry queue and
+// index share the slot of the tasks they reference.
+package keyspace
+
+import (
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"regexp"
+	"strconv"
+
+	"github.com/tasklease/tasklease/taskkey"
+)
+
+// Defaults of a keyspace.
+const (
+	PrefixDefault     = "tasklease"
+	PartitionsDefault = 16
+	// PartitionsMax bounds the number of partitions; every runner reads every
+	// partition's stream, so thousands would only add idle reads.
+	PartitionsMax = 1024
+)
+
+var prefixRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$`)
+
+// ErrConfig is wrapped by construction errors.
+var ErrConfig = errors.New("keyspace: invalid config")
+
+// Space derives key names from a prefix and a partition count. It is
+// immutable and safe for concurrent use.
+type Space struct {
+	prefix     string
+	partitions int
+	tags       []string
+}
+
+// New validates prefix and partitions; empty prefix and zero partitions take
+// the defaults.
+func New(prefix string, partitions int) (*Space, error) {
+	if prefix == "" {
+		prefix = PrefixDefault
+	}
+	if partitions == 0 {
+		partitions = PartitionsDefault
+	}
+	if !prefixRE.MatchString(prefix) {
+		return nil, fmt.Errorf("%w: prefix %q must match %s", ErrConfig, prefix, prefixRE)
+	}
+	if partitions < 1 || partitions > PartitionsMax {
+		return nil, fmt.Errorf("%w: partitions %d must be in 1..%d", ErrConfig, partitions, PartitionsMax)
+	}
+	s := &Space{prefix: prefix, partitions: partitions, tags: make([]string, partitions)}
+	for p := range s.tags {
+		s.tags[p] = "{" + prefix + ":p" + strconv.Itoa(p) + "}"
+	}
+	return s, nil
+}
+
+// Prefix returns the key prefix.
+func (s *Space) Prefix() string { return s.prefix }
+
+// Partitions returns the partition count.
+func (s *Space) Partitions() int { return s.partitions }
+
+// Partition returns the partition of a task key.
+func (s *Space) Partition(k taskkey.Key) int {
+	return int(crc32.ChecksumIEEE([]byte(k.String())) % uint32(s.partitions))
+}
+
+// Tag returns the hash tag of partition p, "{prefix:pN}".
+func (s *Space) Tag(p int) string { return s.tags[p] }
+
+func (s *Space) taskKey(kind string, k taskkey.Key) string {
+	return s.tags[s.Partition(k)] + ":" + kind + ":" + k.String()
+}
+
+// Lease is the key's lease: a string "<token>|<owner>" with a PX expiry.
+func (s *Space) Lease(k taskkey.Key) string { return s.taskKey("lease", k) }
+
+// Fence is the key's fencing counter. It never expires, so tokens stay
+// monotonic for the life of the deployment.
+func (s *Space) Fence(k taskkey.Key) string { return s.taskKey("fence", k) }
+
+// Task is the key's run record and checkpoint (a hash).
+func (s *Space) Task(k taskkey.Key) string { return s.taskKey("task", k) }
+
+// History is the key's capped history stream.
+func (s *Space) History(k taskkey.Key) string { return s.taskKey("hist", k) }
+
+// Requests is partition p's request stream, read by a consumer group.
+func (s *Space) Requests(p int) string { return s.tags[p] + ":requests" }
+
+// Retry is partition p's retry queue: a sorted set of task keys by due time.
+func (s *Space) Retry(p int) string { return s.tags[p] + ":retry" }
+
+// Index is partition p's task index: a sorted set of task keys by last update.
+func (s *Space) Index(p int) string { return s.tags[p] + ":index" }
+
+// Subjects is partition p's set of every subject ever submitted for scope.
+func (s *Space) Subjects(p int, scope string) string { return s.tags[p] + ":subjects:" + scope }
+
+// Events is partition p's pub/sub channel of TaskView changes.
+func (s *Space) Events(p int) string { return s.tags[p] + ":events" }
+
+// Group is the consumer group name on every request stream.
+const Group = "runners"

@@ -1,0 +1,19 @@
+-- checkpoint_advance: mark the current stage done and enter the next one.
+-- Fenced: only the lease holder of this run, at this token, may write.
+-- KEYS[1] lease key   KEYS[2] task record   KEYS[3] history stream
+-- ARGV[1] owner   ARGV[2] token   ARGV[3] runId   ARGV[4] completed stage
+-- ARGV[5] history cap   ARGV[6] events channel
+-- returns {1, next stage ("" after the last)}
+--         {0}   not held (lease lost, or the record moved on)
+--         {-1}  the stage is not the run's current stage
+if not fenced(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3]) then return {0} end
+local rec = redis.call('HMGET', KEYS[2], 'stages', 'done')
+local stages = split(rec[1], ',')
+local done = tonumber(rec[2]) or 0
+if stages[done + 1] ~= ARGV[4] then return {-1} end
+local nxt = stages[done + 2] or ''
+local now = now_ms()
+redis.call('HSET', KEYS[2], 'done', done + 1, 'stage', nxt, 'cursor', '', 'updatedAt', now)
+hist_add(KEYS[3], ARGV[5], now, 'stage', ARGV[3], {'stage', ARGV[4], 'outcome', 'done', 'owner', ARGV[1], 'fencingToken', ARGV[2]})
+publish_view(KEYS[2], ARGV[6])
+return {1, nxt}

@@ -1,0 +1,13 @@
+-- checkpoint_progress: save a progress cursor inside the current stage, so a
+-- recovered run resumes mid-stage. Fenced like checkpoint_advance.
+-- KEYS[1] lease key   KEYS[2] task record   KEYS[3] history stream
+-- ARGV[1] owner   ARGV[2] token   ARGV[3] runId   ARGV[4] cursor (bytes)
+-- ARGV[5] history cap   ARGV[6] events channel
+-- returns 1 saved, 0 not held
+if not fenced(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3]) then return 0 end
+local now = now_ms()
+redis.call('HSET', KEYS[2], 'cursor', ARGV[4], 'updatedAt', now)
+local stage = redis.call('HGET', KEYS[2], 'stage')
+hist_add(KEYS[3], ARGV[5], now, 'progress', ARGV[3], {'stage', stage, 'owner', ARGV[1], 'fencingToken', ARGV[2]})
+publish_view(KEYS[2], ARGV[6])
+return 1
