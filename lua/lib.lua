@@ -78,7 +78,7 @@ end
 -- of another run starts a fresh checkpoint; the same run keeps its completed
 -- stages and cursor (recovery resumes). Returns done, stage, cursor, attempt.
 local function cp_begin(task_key, run_id, stages_csv, owner, token, now)
-  local rec = redis.call('HMGET', task_key, 'runId', 'done', 'cursor', 'stages')
+  local rec = redis.call('HMGET', task_key, 'runId', 'done', 'cursor', 'stages', 'startedAt')
   local done, cursor, stages_now
   if rec[1] ~= run_id then
     done, cursor, stages_now = 0, '', stages_csv
@@ -86,6 +86,7 @@ local function cp_begin(task_key, run_id, stages_csv, owner, token, now)
       'attempt', 0, 'startedAt', now, 'finishedAt', '', 'lastError', '', 'cancel', '0')
   else
     done, cursor, stages_now = tonumber(rec[2]) or 0, rec[3] or '', rec[4] or stages_csv
+    if not rec[5] or rec[5] == '' then redis.call('HSET', task_key, 'startedAt', now) end
   end
   local stages = split(stages_now, ',')
   local stage = stages[done + 1] or ''
@@ -93,4 +94,75 @@ local function cp_begin(task_key, run_id, stages_csv, owner, token, now)
   redis.call('HSET', task_key, 'status', 'running', 'stage', stage, 'owner', owner,
     'token', token, 'updatedAt', now, 'nextAttemptAt', '')
   return done, stage, cursor, attempt
+end
+
+-- ack_entry acknowledges and deletes a request stream entry: deleting keeps
+-- the stream small without MAXLEN trimming, which could drop pending entries.
+local function ack_entry(stream_key, group, entry_id)
+  if entry_id and entry_id ~= '' then
+    redis.call('XACK', stream_key, group, entry_id)
+    redis.call('XDEL', stream_key, entry_id)
+  end
+end
+
+-- add_source appends src to a comma list unless present.
+local function add_source(list, src)
+  if list == nil or list == false or list == '' then return src end
+  for _, s in ipairs(split(list, ',')) do
+    if s == src then return list end
+  end
+  return list .. ',' .. src
+end
+
+-- new_run creates a queued run on task_key and appends its request to the
+-- partition stream, in the same script: a run record never exists without
+-- its request, nor a request without its record (no orphans).
+local function new_run(task_key, stream_key, hist_key, key, run_id, stages_csv, max_attempts, sources, source, now)
+  local id = redis.call('XADD', stream_key, '*', 'key', key, 'runId', run_id, 'source', source)
+  redis.call('HSET', task_key, 'runId', run_id, 'status', 'queued', 'stages', stages_csv, 'done', 0,
+    'stage', '', 'cursor', '', 'attempt', 0, 'maxAttempts', max_attempts, 'sources', sources,
+    'owner', '', 'token', '', 'requestedAt', now, 'startedAt', '', 'updatedAt', now, 'finishedAt', '',
+    'nextAttemptAt', '', 'lastError', '', 'cancel', '0', 'followUp', '0', 'followUpSources', '',
+    'entry', id)
+  redis.call('PERSIST', task_key)
+  redis.call('PERSIST', hist_key)
+  return id
+end
+
+-- finish_terminal ends the current run as done, failed or cancelled: it
+-- acknowledges its request, records the result, and starts the queued
+-- follow-up if there is one; otherwise record and history expire after the
+-- retention. The caller has already released (or never held) the lease.
+-- c: {task, stream, hist, index, group, cap, channel, retention, next_run_id, now}
+local function finish_terminal(c, result, err)
+  local rec = redis.call('HMGET', c.task, 'entry', 'runId', 'key', 'followUp', 'followUpSources',
+    'stages', 'maxAttempts', 'stage', 'owner', 'token')
+  ack_entry(c.stream, c.group, rec[1])
+  local fields = {'status', result, 'finishedAt', c.now, 'updatedAt', c.now, 'stage', '',
+    'lastError', err or '', 'cancel', '0', 'entry', '', 'nextAttemptAt', ''}
+  if result == 'done' then
+    fields[#fields + 1] = 'lastSuccessAt'
+    fields[#fields + 1] = c.now
+  end
+  redis.call('HSET', c.task, unpack(fields))
+  hist_add(c.hist, c.cap, c.now, result, rec[2], {'stage', rec[8] or '', 'error', err or '',
+    'owner', rec[9] or '', 'fencingToken', rec[10] or ''})
+  redis.call('ZADD', c.index, c.now, rec[3])
+  if rec[4] == '1' and c.next_run_id ~= '' then
+    local srcs = rec[5]
+    local first = split(srcs, ',')[1] or 'manual'
+    new_run(c.task, c.stream, c.hist, rec[3], c.next_run_id, rec[6], rec[7], srcs, first, c.now)
+    hist_add(c.hist, c.cap, c.now, 'requested', c.next_run_id, {'source', first, 'outcome', 'started'})
+  elseif tonumber(c.retention) > 0 then
+    redis.call('PEXPIRE', c.task, c.retention)
+    redis.call('PEXPIRE', c.hist, c.retention)
+  end
+end
+
+-- recovery_mode mirrors checkpoints.Decide for the history event of a
+-- recovered run: restart, resume or skip.
+local function recovery_mode(done, cursor, n_stages)
+  if done == 0 and (cursor == nil or cursor == '') then return 'restart' end
+  if done >= n_stages then return 'skip' end
+  return 'resume'
 end

@@ -109,3 +109,7 @@ func (s *Space) Events(p int) string { return s.tags[p] + ":events" }
 
 // Group is the consumer group name on every request stream.
 const Group = "runners"
+
+// Cancels is partition p's pub/sub channel of cancel requests (task keys),
+// so a holder stops at once instead of at its next heartbeat.
+func (s *Space) Cancels(p int) string { return s.tags[p] + ":cancels" }

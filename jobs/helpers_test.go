@@ -1,0 +1,170 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// testEnv is a registry (and optional runners) on one Redis.
+type testEnv struct {
+	t   *testing.T
+	rdb redis.UniversalClient
+	reg *Registry
+}
+
+func testLogger(t testing.TB) *slog.Logger {
+	if os.Getenv("TASKLEASE_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+func newEnv(t *testing.T, rdb redis.UniversalClient, cfg Config) *testEnv {
+	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = testLogger(t)
+	}
+	if cfg.Partitions == 0 {
+		cfg.Partitions = 4
+	}
+	reg, err := NewRegistry(rdb, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &testEnv{t: t, rdb: rdb, reg: reg}
+}
+
+// startRunner runs a Runner until the test ends (or stop is called) and
+// returns it with a stop func that waits for the graceful shutdown.
+func (e *testEnv) startRunner(cfg RunnerConfig) (*Runner, func()) {
+	e.t.Helper()
+	if cfg.FetchBlock == 0 {
+		cfg.FetchBlock = 100 * time.Millisecond
+	}
+	if cfg.RetryPoll == 0 {
+		cfg.RetryPoll = 20 * time.Millisecond
+	}
+	if cfg.ShutdownGrace == 0 {
+		cfg.ShutdownGrace = 2 * time.Second
+	}
+	rn, err := NewRunner(e.reg, cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- rn.Run(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				e.t.Errorf("runner: %v", err)
+			}
+		})
+	}
+	e.t.Cleanup(stop)
+	return rn, stop
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// waitStatus polls the task until its status is one of want.
+func (e *testEnv) waitStatus(subject, scope string, d time.Duration, want ...Status) TaskView {
+	e.t.Helper()
+	var v TaskView
+	waitFor(e.t, d, subject+"|"+scope+" status in "+joinStatus(want), func() bool {
+		var err error
+		v, err = e.reg.Get(context.Background(), subject, scope)
+		if err != nil && !errors.Is(err, ErrNotFound) {
+			e.t.Fatal(err)
+		}
+		for _, w := range want {
+			if v.Status == w {
+				return true
+			}
+		}
+		return false
+	})
+	return v
+}
+
+func joinStatus(s []Status) string {
+	out := ""
+	for i, x := range s {
+		if i > 0 {
+			out += ","
+		}
+		out += string(x)
+	}
+	return out
+}
+
+// gate is a stage handler that blocks until released, recording entries.
+type gate struct {
+	mu      sync.Mutex
+	entered []*Run
+	release chan struct{}
+	err     error
+}
+
+func newGate() *gate { return &gate{release: make(chan struct{})} }
+
+func (g *gate) RunStage(ctx context.Context, run *Run) error {
+	g.mu.Lock()
+	g.entered = append(g.entered, run)
+	g.mu.Unlock()
+	select {
+	case <-g.release:
+		return g.err
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+func (g *gate) count() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.entered)
+}
+
+func (g *gate) open() { close(g.release) }
+
+// counter is a stage handler that counts executions per subject.
+type counter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *counter) RunStage(ctx context.Context, run *Run) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	c.n[run.Subject()+"/"+run.Stage()]++
+	return nil
+}
+
+func (c *counter) get(k string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[k]
+}

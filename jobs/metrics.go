@@ -1,0 +1,80 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are tasklease's Prometheus collectors. A Registry and its Runners
+// share one Metrics; pass a prometheus.Registerer in Config.Metrics to
+// expose them.
+type Metrics struct {
+	requests      *prometheus.CounterVec   // scope, source, outcome
+	runs          *prometheus.CounterVec   // scope, result
+	stageDuration *prometheus.HistogramVec // scope, stage, result
+	leaseGrants   *prometheus.CounterVec   // scope
+	leaseLosses   *prometheus.CounterVec   // scope
+	takeovers     *prometheus.CounterVec   // scope, mode
+	retries       *prometheus.CounterVec   // scope
+	active        prometheus.Gauge
+}
+
+func newMetrics() *Metrics {
+	return &Metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tasklease_requests_total", Help: "Submitted requests by scope, source and outcome.",
+		}, []string{"scope", "source", "outcome"}),
+		runs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tasklease_runs_total", Help: "Finished runs by scope and result (done, failed, cancelled).",
+		}, []string{"scope", "result"}),
+		stageDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "tasklease_stage_duration_seconds", Help: "Stage execution time by scope, stage and result.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+		}, []string{"scope", "stage", "result"}),
+		leaseGrants: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tasklease_lease_grants_total", Help: "Leases granted to this process.",
+		}, []string{"scope"}),
+		leaseLosses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tasklease_lease_losses_total", Help: "Leases this process lost while running a stage.",
+		}, []string{"scope"}),
+		takeovers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tasklease_lease_takeovers_total", Help: "Runs recovered from an expired lease, by recovery mode.",
+		}, []string{"scope", "mode"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tasklease_retries_total", Help: "Failed attempts scheduled for retry.",
+		}, []string{"scope"}),
+		active: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tasklease_runs_active", Help: "Runs executing in this process.",
+		}),
+	}
+}
+
+func (m *Metrics) register(reg prometheus.Registerer, depth func(context.Context) (int64, int64, error)) error {
+	streamDepth := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tasklease_queue_depth", Help: "Requests waiting in the partition streams (pending included).",
+		ConstLabels: prometheus.Labels{"queue": "stream"},
+	}, func() float64 { s, _, _ := depthNow(depth); return float64(s) })
+	retryDepth := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tasklease_queue_depth", Help: "Requests waiting in the partition streams (pending included).",
+		ConstLabels: prometheus.Labels{"queue": "retry"},
+	}, func() float64 { _, r, _ := depthNow(depth); return float64(r) })
+	for _, c := range []prometheus.Collector{m.requests, m.runs, m.stageDuration, m.leaseGrants,
+		m.leaseLosses, m.takeovers, m.retries, m.active, streamDepth, retryDepth} {
+		if err := reg.Register(c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if !errors.As(err, &are) {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func depthNow(depth func(context.Context) (int64, int64, error)) (int64, int64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	return depth(ctx)
+}

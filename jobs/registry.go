@@ -1,0 +1,521 @@
+package jobs
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tasklease/tasklease/checkpoints"
+	"github.com/tasklease/tasklease/internal/keyspace"
+	"github.com/tasklease/tasklease/leasing"
+	"github.com/tasklease/tasklease/lua"
+	"github.com/tasklease/tasklease/taskkey"
+)
+
+// Registry defaults.
+const (
+	// RetentionDefault: finished records and their history expire after a
+	// week unless a new run starts.
+	RetentionDefault = 7 * 24 * time.Hour
+	// ListLimitDefault and ListLimitMax bound List.
+	ListLimitDefault = 100
+	ListLimitMax     = 1000
+	// HistoryLimitDefault is History's default page size.
+	HistoryLimitDefault = 50
+)
+
+// Config configures a Registry.
+type Config struct {
+	// Prefix of every Redis key (default "tasklease").
+	Prefix string
+	// Partitions (default 16); fixed for a deployment's life.
+	Partitions int
+	// HistoryCap bounds each key's history (default 200 events).
+	HistoryCap int
+	// Retention of finished records and history (default RetentionDefault).
+	Retention time.Duration
+	// Jobs are the scopes this registry accepts, with their stages.
+	Jobs []Job
+	// Logger (default slog.Default()).
+	Logger *slog.Logger
+	// Metrics, when set, receives tasklease's Prometheus collectors.
+	Metrics prometheus.Registerer
+}
+
+// Registry is the one place every trigger goes through: it records
+// requests, decides by conflict policy whether a run starts, and answers
+// what is running. It never executes work (a Runner does). Safe for
+// concurrent use; cheap enough to share per process.
+type Registry struct {
+	rdb       redis.UniversalClient
+	ks        *keyspace.Space
+	histCap   int
+	retention time.Duration
+	jobs      map[string]*Job
+	scopes    []string
+	log       *slog.Logger
+	metrics   *Metrics
+	leases    *leasing.Manager
+	store     *checkpoints.Store
+	scripts   scripts
+}
+
+type scripts struct {
+	submit, claim, heartbeat, finish, cancel, retryMove *redis.Script
+}
+
+// NewRegistry validates cfg and returns a Registry on rdb.
+func NewRegistry(rdb redis.UniversalClient, cfg Config) (*Registry, error) {
+	if rdb == nil {
+		return nil, fmt.Errorf("%w: nil redis client", ErrConfig)
+	}
+	ks, err := keyspace.New(cfg.Prefix, cfg.Partitions)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if cfg.HistoryCap == 0 {
+		cfg.HistoryCap = checkpoints.HistoryCapDefault
+	}
+	if cfg.Retention == 0 {
+		cfg.Retention = RetentionDefault
+	}
+	if cfg.Retention < 0 || cfg.HistoryCap < 1 {
+		return nil, fmt.Errorf("%w: retention and history cap must be positive", ErrConfig)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	r := &Registry{
+		rdb: rdb, ks: ks, histCap: cfg.HistoryCap, retention: cfg.Retention,
+		jobs: make(map[string]*Job, len(cfg.Jobs)), log: cfg.Logger, metrics: newMetrics(),
+		scripts: scripts{
+			submit:    lua.MustScript("submit"),
+			claim:     lua.MustScript("claim"),
+			heartbeat: lua.MustScript("heartbeat"),
+			finish:    lua.MustScript("finish"),
+			cancel:    lua.MustScript("cancel"),
+			retryMove: lua.MustScript("retry_move"),
+		},
+	}
+	for i := range cfg.Jobs {
+		j := cfg.Jobs[i] // copy: defaults must not leak into the caller's slice
+		j.Stages = slices.Clone(j.Stages)
+		if err := j.normalize(); err != nil {
+			return nil, err
+		}
+		if _, dup := r.jobs[j.Scope]; dup {
+			return nil, fmt.Errorf("%w: duplicate job %s", ErrConfig, j.Scope)
+		}
+		r.jobs[j.Scope] = &j
+		r.scopes = append(r.scopes, j.Scope)
+	}
+	slices.Sort(r.scopes)
+	if r.leases, err = leasing.NewManager(rdb, leasing.Config{Prefix: ks.Prefix(), Partitions: ks.Partitions()}); err != nil {
+		return nil, err
+	}
+	if r.store, err = checkpoints.NewStore(rdb, checkpoints.Config{Prefix: ks.Prefix(), Partitions: ks.Partitions(), HistoryCap: cfg.HistoryCap}); err != nil {
+		return nil, err
+	}
+	if cfg.Metrics != nil {
+		if err := r.metrics.register(cfg.Metrics, r.QueueDepth); err != nil {
+			return nil, fmt.Errorf("%w: metrics: %w", ErrConfig, err)
+		}
+	}
+	return r, nil
+}
+
+// Job returns the job of scope.
+func (r *Registry) Job(scope string) (Job, bool) {
+	j, ok := r.jobs[scope]
+	if !ok {
+		return Job{}, false
+	}
+	return *j, true
+}
+
+// Scopes returns the registered scopes, sorted.
+func (r *Registry) Scopes() []string { return slices.Clone(r.scopes) }
+
+// Ping checks that Redis answers.
+func (r *Registry) Ping(ctx context.Context) error { return r.rdb.Ping(ctx).Err() }
+
+// key validates subject and scope: a typed error, and nothing sent to Redis,
+// for bad input.
+func (r *Registry) key(subject, scope string) (taskkey.Key, *Job, error) {
+	k, err := taskkey.New(subject, scope)
+	if err != nil {
+		return taskkey.Key{}, nil, err
+	}
+	j, ok := r.jobs[scope]
+	if !ok {
+		return taskkey.Key{}, nil, fmt.Errorf("%w: %q", ErrUnknownScope, scope)
+	}
+	return k, j, nil
+}
+
+// SubmitOptions qualify a request. Zero values: source manual, the job's
+// conflict policy.
+type SubmitOptions struct {
+	Source Source
+	Policy Policy
+}
+
+// SubmitResult is the registry's answer to a request.
+type SubmitResult struct {
+	Outcome Outcome  `json:"outcome"`
+	Task    TaskView `json:"task"`
+}
+
+// Submit routes a request for subject|scope through the registry in one
+// Lua script: if no run is active one is created and queued; otherwise the
+// conflict policy decides (join, skip, queue, replace). The result carries
+// the task's view, e.g. the running run a request joined. Invalid input
+// returns a typed error (taskkey.ErrInvalid, ErrUnknownScope,
+// ErrInvalidSource, ErrInvalidPolicy) and writes nothing.
+func (r *Registry) Submit(ctx context.Context, subject, scope string, opts SubmitOptions) (SubmitResult, error) {
+	k, job, err := r.key(subject, scope)
+	if err != nil {
+		return SubmitResult{}, err
+	}
+	if opts.Source == "" {
+		opts.Source = SourceManual
+	}
+	if _, err := ParseSource(string(opts.Source)); err != nil {
+		return SubmitResult{}, err
+	}
+	if opts.Policy == "" {
+		opts.Policy = job.OnConflict
+	}
+	if _, err := ParsePolicy(string(opts.Policy)); err != nil {
+		return SubmitResult{}, err
+	}
+	p := r.ks.Partition(k)
+	res, err := r.scripts.submit.Run(ctx, r.rdb,
+		[]string{r.ks.Task(k), r.ks.Requests(p), r.ks.History(k), r.ks.Index(p), r.ks.Subjects(p, scope), r.ks.Retry(p)},
+		k.String(), subject, string(opts.Source), string(opts.Policy), newRunID(),
+		strings.Join(job.StageNames(), ","), job.Retry.MaxAttempts, job.MinInterval.Milliseconds(),
+		r.histCap, r.ks.Events(p), r.ks.Cancels(p), keyspace.Group, r.retention.Milliseconds()).Slice()
+	if err != nil {
+		return SubmitResult{}, fmt.Errorf("jobs: submit %s: %w", k, err)
+	}
+	if len(res) != 2 {
+		return SubmitResult{}, fmt.Errorf("jobs: submit %s: unexpected reply %v", k, res)
+	}
+	out := SubmitResult{Outcome: Outcome(fmt.Sprint(res[0])), Task: viewFromRecord(flatToMap(res[1]))}
+	r.metrics.requests.WithLabelValues(scope, string(opts.Source), string(out.Outcome)).Inc()
+	r.log.LogAttrs(ctx, slog.LevelDebug, "request",
+		slog.String("task_key", k.String()), slog.String("run_id", out.Task.RunID),
+		slog.String("source", string(opts.Source)), slog.String("outcome", string(out.Outcome)))
+	return out, nil
+}
+
+// Get returns the task's view; ErrNotFound when the key never ran (or its
+// record expired).
+func (r *Registry) Get(ctx context.Context, subject, scope string) (TaskView, error) {
+	k, _, err := r.key(subject, scope)
+	if err != nil {
+		return TaskView{}, err
+	}
+	f, err := r.rdb.HGetAll(ctx, r.ks.Task(k)).Result()
+	if err != nil {
+		return TaskView{}, fmt.Errorf("jobs: get %s: %w", k, err)
+	}
+	if len(f) == 0 || f["runId"] == "" {
+		return TaskView{}, fmt.Errorf("%w: %s", ErrNotFound, k)
+	}
+	return viewFromRecord(f), nil
+}
+
+// ListOptions filter List. Empty fields match everything.
+type ListOptions struct {
+	Status  Status
+	Scope   string
+	Subject string
+	// Limit (default ListLimitDefault, at most ListLimitMax).
+	Limit int
+}
+
+// List returns task views, most recently requested or finished first.
+func (r *Registry) List(ctx context.Context, opts ListOptions) ([]TaskView, error) {
+	if opts.Limit <= 0 {
+		opts.Limit = ListLimitDefault
+	}
+	opts.Limit = min(opts.Limit, ListLimitMax)
+	if opts.Status != "" {
+		if _, err := ParseStatus(string(opts.Status)); err != nil {
+			return nil, err
+		}
+	}
+	if opts.Scope != "" {
+		if _, ok := r.jobs[opts.Scope]; !ok {
+			return nil, fmt.Errorf("%w: %q", ErrUnknownScope, opts.Scope)
+		}
+	}
+	if opts.Subject != "" {
+		if err := taskkey.ValidateSubject(opts.Subject); err != nil {
+			return nil, err
+		}
+	}
+	match := func(v TaskView) bool {
+		return (opts.Status == "" || v.Status == opts.Status) &&
+			(opts.Scope == "" || v.Scope == opts.Scope) &&
+			(opts.Subject == "" || v.Subject == opts.Subject)
+	}
+	if opts.Scope != "" && opts.Subject != "" {
+		v, err := r.Get(ctx, opts.Subject, opts.Scope)
+		if errors.Is(err, ErrNotFound) || (err == nil && !match(v)) {
+			return []TaskView{}, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		return []TaskView{v}, nil
+	}
+	var out []TaskView
+	for p := range r.ks.Partitions() {
+		views, err := r.listPartition(ctx, p, opts.Limit, match)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, views...)
+	}
+	slices.SortFunc(out, func(a, b TaskView) int { return timeOf(b.UpdatedAt).Compare(timeOf(a.UpdatedAt)) })
+	if len(out) > opts.Limit {
+		out = out[:opts.Limit]
+	}
+	if out == nil {
+		out = []TaskView{}
+	}
+	return out, nil
+}
+
+// listScanMax bounds how many index entries one List reads per partition.
+const listScanMax = 5000
+
+func (r *Registry) listPartition(ctx context.Context, p, limit int, match func(TaskView) bool) ([]TaskView, error) {
+	const page = 200
+	var out []TaskView
+	for start := 0; start < listScanMax && len(out) < limit; start += page {
+		keys, err := r.rdb.ZRevRange(ctx, r.ks.Index(p), int64(start), int64(start+page-1)).Result()
+		if err != nil {
+			return nil, fmt.Errorf("jobs: list: %w", err)
+		}
+		if len(keys) == 0 {
+			break
+		}
+		pipe := r.rdb.Pipeline()
+		cmds := make([]*redis.MapStringStringCmd, len(keys))
+		for i, ks := range keys {
+			k, err := taskkey.Parse(ks)
+			if err != nil {
+				continue
+			}
+			cmds[i] = pipe.HGetAll(ctx, r.ks.Task(k))
+		}
+		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+			return nil, fmt.Errorf("jobs: list: %w", err)
+		}
+		var gone []any
+		for i, c := range cmds {
+			if c == nil || len(c.Val()) == 0 {
+				gone = append(gone, keys[i])
+				continue
+			}
+			if v := viewFromRecord(c.Val()); match(v) && len(out) < limit {
+				out = append(out, v)
+			}
+		}
+		if len(gone) > 0 { // records expired by retention: prune the index
+			r.rdb.ZRem(ctx, r.ks.Index(p), gone...)
+		}
+		if len(keys) < page {
+			break
+		}
+	}
+	return out, nil
+}
+
+func timeOf(t *time.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return *t
+}
+
+// History returns the key's history events, newest first (default
+// HistoryLimitDefault, at most the history cap).
+func (r *Registry) History(ctx context.Context, subject, scope string, limit int) ([]Event, error) {
+	k, _, err := r.key(subject, scope)
+	if err != nil {
+		return nil, err
+	}
+	if limit <= 0 {
+		limit = HistoryLimitDefault
+	}
+	msgs, err := r.rdb.XRevRangeN(ctx, r.ks.History(k), "+", "-", int64(min(limit, r.histCap))).Result()
+	if err != nil {
+		return nil, fmt.Errorf("jobs: history %s: %w", k, err)
+	}
+	out := make([]Event, len(msgs))
+	for i, m := range msgs {
+		out[i] = eventFromFields(m.Values)
+	}
+	return out, nil
+}
+
+// CancelOutcome is what Cancel did.
+type CancelOutcome string
+
+// Cancel outcomes.
+const (
+	// CancelCancelled: the run was not executing and is now cancelled.
+	CancelCancelled CancelOutcome = "cancelled"
+	// CancelCancelling: the run is executing; its holder stops it and
+	// records it as cancelled.
+	CancelCancelling CancelOutcome = "cancelling"
+	// CancelNotRunning: no active run.
+	CancelNotRunning CancelOutcome = "not_running"
+)
+
+// Cancel cancels the task's active run through the registry: a persisted
+// flag plus a publish, so the holder stops at once (or at its next
+// heartbeat if it missed the publish). A queued follow-up is dropped too.
+// Clients never touch a lease directly.
+func (r *Registry) Cancel(ctx context.Context, subject, scope string) (CancelOutcome, error) {
+	k, _, err := r.key(subject, scope)
+	if err != nil {
+		return "", err
+	}
+	p := r.ks.Partition(k)
+	res, err := r.scripts.cancel.Run(ctx, r.rdb,
+		[]string{r.ks.Task(k), r.ks.Requests(p), r.ks.History(k), r.ks.Index(p), r.ks.Retry(p)},
+		keyspace.Group, r.histCap, r.ks.Events(p), r.ks.Cancels(p), r.retention.Milliseconds(), "registry").Text()
+	if err != nil {
+		return "", fmt.Errorf("jobs: cancel %s: %w", k, err)
+	}
+	return CancelOutcome(res), nil
+}
+
+// CancelSubject cancels the active runs of every scope of subject — what an
+// account switch needs when the old account's work must stop. It returns
+// the outcome per scope.
+func (r *Registry) CancelSubject(ctx context.Context, subject string) (map[string]CancelOutcome, error) {
+	if err := taskkey.ValidateSubject(subject); err != nil {
+		return nil, err
+	}
+	out := make(map[string]CancelOutcome, len(r.scopes))
+	for _, scope := range r.scopes {
+		o, err := r.Cancel(ctx, subject, scope)
+		if err != nil {
+			return out, err
+		}
+		out[scope] = o
+	}
+	return out, nil
+}
+
+// Subjects returns every subject ever submitted for scope (what a schedule
+// with "subjects: all" fans out to).
+func (r *Registry) Subjects(ctx context.Context, scope string) ([]string, error) {
+	if _, ok := r.jobs[scope]; !ok {
+		return nil, fmt.Errorf("%w: %q", ErrUnknownScope, scope)
+	}
+	var out []string
+	for p := range r.ks.Partitions() {
+		iter := r.rdb.SScan(ctx, r.ks.Subjects(p, scope), 0, "", 1000).Iterator()
+		for iter.Next(ctx) {
+			out = append(out, iter.Val())
+		}
+		if err := iter.Err(); err != nil {
+			return nil, fmt.Errorf("jobs: subjects %s: %w", scope, err)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out), nil
+}
+
+// QueueDepth returns the number of requests in the partition streams and in
+// the retry queues.
+func (r *Registry) QueueDepth(ctx context.Context) (stream, retry int64, err error) {
+	pipe := r.rdb.Pipeline()
+	xl := make([]*redis.IntCmd, r.ks.Partitions())
+	zc := make([]*redis.IntCmd, r.ks.Partitions())
+	for p := range r.ks.Partitions() {
+		xl[p] = pipe.XLen(ctx, r.ks.Requests(p))
+		zc[p] = pipe.ZCard(ctx, r.ks.Retry(p))
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return 0, 0, fmt.Errorf("jobs: queue depth: %w", err)
+	}
+	for p := range xl {
+		stream += xl[p].Val()
+		retry += zc[p].Val()
+	}
+	return stream, retry, nil
+}
+
+// Subscribe delivers a TaskView for every state change until ctx ends (the
+// channel is then closed). Views come from Redis pub/sub: a slow reader
+// loses messages rather than blocking Redis; Get the task for a fresh view.
+func (r *Registry) Subscribe(ctx context.Context) (<-chan TaskView, error) {
+	chans := make([]string, r.ks.Partitions())
+	for p := range chans {
+		chans[p] = r.ks.Events(p)
+	}
+	ps := r.rdb.Subscribe(ctx, chans...)
+	if _, err := ps.Receive(ctx); err != nil {
+		ps.Close()
+		return nil, fmt.Errorf("jobs: subscribe: %w", err)
+	}
+	out := make(chan TaskView, 64)
+	go func() {
+		defer close(out)
+		defer ps.Close()
+		msgs := ps.Channel(redis.WithChannelSize(256))
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case m, ok := <-msgs:
+				if !ok {
+					return
+				}
+				var f map[string]string
+				if err := json.Unmarshal([]byte(m.Payload), &f); err != nil {
+					continue
+				}
+				select {
+				case out <- viewFromRecord(f):
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}()
+	return out, nil
+}
+
+func flatToMap(v any) map[string]string {
+	flat, _ := v.([]any)
+	m := make(map[string]string, len(flat)/2)
+	for i := 0; i+1 < len(flat); i += 2 {
+		m[fmt.Sprint(flat[i])] = fmt.Sprint(flat[i+1])
+	}
+	return m
+}
+
+func newRunID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

@@ -1,0 +1,242 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/tasklease/tasklease/checkpoints"
+	"github.com/tasklease/tasklease/taskkey"
+)
+
+// Sentinel errors; test with errors.Is.
+var (
+	// ErrUnknownScope: no job is registered for the scope.
+	ErrUnknownScope = errors.New("jobs: unknown scope")
+	// ErrInvalidSource: the source is not schedule, foreground, manual or retry.
+	ErrInvalidSource = errors.New("jobs: invalid source")
+	// ErrInvalidPolicy: the policy is not join, skip, queue or replace.
+	ErrInvalidPolicy = errors.New("jobs: invalid policy")
+	// ErrNotFound: the task key has no run record.
+	ErrNotFound = errors.New("jobs: task not found")
+	// ErrConfig: invalid job or runner configuration.
+	ErrConfig = errors.New("jobs: invalid config")
+	// ErrCancelled is the cause of a stage context cancelled through the
+	// registry.
+	ErrCancelled = errors.New("jobs: run cancelled")
+	// ErrShutdown is the cause of a stage context cancelled because the
+	// runner shuts down; the run is handed back, not failed.
+	ErrShutdown = errors.New("jobs: runner shutting down")
+	// ErrStaleToken: a downstream system rejected the fencing token (HTTP
+	// 409). The run stops as failed without retrying: a newer holder exists.
+	ErrStaleToken = errors.New("jobs: fencing token rejected as stale")
+	// ErrPermanent marks a stage error that must not be retried; wrap it
+	// with Permanent.
+	ErrPermanent = errors.New("jobs: permanent failure")
+)
+
+// Permanent wraps err so the run fails at once instead of retrying.
+func Permanent(err error) error { return fmt.Errorf("%w: %w", ErrPermanent, err) }
+
+// Source says why a run was requested. It is recorded for audit and
+// metrics and never takes part in deduplication.
+type Source string
+
+// Sources (DESIGN §1).
+const (
+	SourceSchedule   Source = "schedule"   // a cron schedule
+	SourceForeground Source = "foreground" // the app came to the foreground
+	SourceManual     Source = "manual"     // a person asked ("sync now")
+	SourceRetry      Source = "retry"      // the retry queue
+)
+
+// ParseSource validates s.
+func ParseSource(s string) (Source, error) {
+	switch Source(s) {
+	case SourceSchedule, SourceForeground, SourceManual, SourceRetry:
+		return Source(s), nil
+	}
+	return "", fmt.Errorf("%w: %q (want schedule, foreground, manual or retry)", ErrInvalidSource, s)
+}
+
+// Policy decides what a request does when its key already has an active
+// (queued, running or retrying) run.
+type Policy string
+
+// Conflict policies (DESIGN §3).
+const (
+	// PolicyJoin merges the request into the active run and returns its view.
+	PolicyJoin Policy = "join"
+	// PolicySkip drops the request (recorded in history).
+	PolicySkip Policy = "skip"
+	// PolicyQueue runs at most one follow-up after the active run; many
+	// queue requests coalesce into that one follow-up.
+	PolicyQueue Policy = "queue"
+	// PolicyReplace cancels the active run; a fresh run follows.
+	PolicyReplace Policy = "replace"
+)
+
+// ParsePolicy validates s.
+func ParsePolicy(s string) (Policy, error) {
+	switch Policy(s) {
+	case PolicyJoin, PolicySkip, PolicyQueue, PolicyReplace:
+		return Policy(s), nil
+	}
+	return "", fmt.Errorf("%w: %q (want join, skip, queue or replace)", ErrInvalidPolicy, s)
+}
+
+// Outcome is what Submit did with a request.
+type Outcome string
+
+// Submit outcomes (DESIGN §3).
+const (
+	OutcomeStarted   Outcome = "started"   // a new run was created
+	OutcomeJoined    Outcome = "joined"    // merged into the active run
+	OutcomeQueued    Outcome = "queued"    // a follow-up run will follow the active one
+	OutcomeSkipped   Outcome = "skipped"   // dropped by the skip policy
+	OutcomeReplaced  Outcome = "replaced"  // the active run is cancelled, a fresh one follows
+	OutcomeThrottled Outcome = "throttled" // within minInterval of the last success
+)
+
+// Status of a task's current (or last) run.
+type Status string
+
+// Run statuses (DESIGN §5).
+const (
+	StatusIdle      Status = "idle"
+	StatusQueued    Status = "queued"
+	StatusRunning   Status = "running"
+	StatusRetrying  Status = "retrying"
+	StatusDone      Status = "done"
+	StatusFailed    Status = "failed"
+	StatusCancelled Status = "cancelled"
+)
+
+// Active reports whether a run in this status blocks a new one.
+func (s Status) Active() bool {
+	return s == StatusQueued || s == StatusRunning || s == StatusRetrying
+}
+
+// ParseStatus validates s.
+func ParseStatus(s string) (Status, error) {
+	switch st := Status(s); st {
+	case StatusIdle, StatusQueued, StatusRunning, StatusRetrying, StatusDone, StatusFailed, StatusCancelled:
+		return st, nil
+	}
+	return "", fmt.Errorf("%w: unknown status %q", ErrConfig, s)
+}
+
+// Handler executes one stage of a run. It must return when ctx is done: ctx
+// is cancelled on lease loss, cancel, stage timeout and shutdown
+// (context.Cause tells which). A nil error completes the stage.
+type Handler interface {
+	RunStage(ctx context.Context, run *Run) error
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(ctx context.Context, run *Run) error
+
+// RunStage calls f.
+func (f HandlerFunc) RunStage(ctx context.Context, run *Run) error { return f(ctx, run) }
+
+// Stage is one named step of a job.
+type Stage struct {
+	// Name, e.g. "pulling"; ^[a-z][a-z0-9_-]{0,63}$.
+	Name string
+	// Timeout bounds one execution of the stage; 0 means none.
+	Timeout time.Duration
+	// Handler does the work.
+	Handler Handler
+}
+
+// Retry defaults.
+const (
+	MaxAttemptsDefault = 3
+	BackoffDefault     = time.Second
+	MaxBackoffDefault  = 5 * time.Minute
+)
+
+// RetryPolicy bounds and spaces the attempts of a run.
+type RetryPolicy struct {
+	// MaxAttempts counts every attempt, including the first and those ended
+	// by a crash (default MaxAttemptsDefault). 1 disables retries.
+	MaxAttempts int
+	// Backoff is the delay before the second attempt; it doubles for each
+	// later one, with jitter (default BackoffDefault).
+	Backoff time.Duration
+	// MaxBackoff caps the delay (default MaxBackoffDefault).
+	MaxBackoff time.Duration
+}
+
+// Job is the definition of one scope: its ordered stages and policies.
+type Job struct {
+	// Scope, e.g. "course_sync"; ^[a-z][a-z0-9_]{0,63}$.
+	Scope string
+	// Stages run in order; a finished stage is never re-run within a run.
+	Stages []Stage
+	// OnConflict is the default policy for requests that find an active run
+	// (default PolicyJoin).
+	OnConflict Policy
+	// MinInterval throttles schedule and foreground requests arriving less
+	// than this after the last successful finish. Manual requests are never
+	// throttled.
+	MinInterval time.Duration
+	// Retry policy of failed attempts.
+	Retry RetryPolicy
+	// LeaseTTL overrides the runner's lease TTL for this job.
+	LeaseTTL time.Duration
+	// Foreground: requests from the foreground hook without explicit scopes
+	// submit this job.
+	Foreground bool
+}
+
+// StageNames returns the job's stage names in order.
+func (j *Job) StageNames() []string {
+	out := make([]string, len(j.Stages))
+	for i, s := range j.Stages {
+		out[i] = s.Name
+	}
+	return out
+}
+
+// normalize applies defaults and validates the job.
+func (j *Job) normalize() error {
+	if err := taskkey.ValidateScope(j.Scope); err != nil {
+		return fmt.Errorf("%w: job scope: %w", ErrConfig, err)
+	}
+	if err := checkpoints.ValidateStages(j.StageNames()); err != nil {
+		return fmt.Errorf("%w: job %s: %w", ErrConfig, j.Scope, err)
+	}
+	for _, s := range j.Stages {
+		if s.Handler == nil {
+			return fmt.Errorf("%w: job %s stage %s: nil handler", ErrConfig, j.Scope, s.Name)
+		}
+		if s.Timeout < 0 {
+			return fmt.Errorf("%w: job %s stage %s: negative timeout", ErrConfig, j.Scope, s.Name)
+		}
+	}
+	if j.OnConflict == "" {
+		j.OnConflict = PolicyJoin
+	}
+	if _, err := ParsePolicy(string(j.OnConflict)); err != nil {
+		return fmt.Errorf("job %s: %w", j.Scope, err)
+	}
+	if j.MinInterval < 0 || j.LeaseTTL < 0 {
+		return fmt.Errorf("%w: job %s: negative duration", ErrConfig, j.Scope)
+	}
+	r := &j.Retry
+	if r.MaxAttempts == 0 {
+		r.MaxAttempts = MaxAttemptsDefault
+	}
+	if r.Backoff == 0 {
+		r.Backoff = BackoffDefault
+	}
+	if r.MaxBackoff == 0 {
+		r.MaxBackoff = MaxBackoffDefault
+	}
+	if r.MaxAttempts < 1 || r.Backoff < 0 || r.MaxBackoff < r.Backoff {
+		return fmt.Errorf("%w: job %s: retry needs maxAttempts >= 1 and 0 <= backoff <= maxBackoff", ErrConfig, j.Scope)
+	}
+	return nil
+}

@@ -1,0 +1,129 @@
+package lua
+
+import (
+	"context"
+	"io/fs"
+	"strings"
+	"testing"
+
+	"github.com/tasklease/tasklease/internal/redistest"
+)
+
+// scriptNames lists every embedded script except lib.lua.
+func scriptNames(t *testing.T) []string {
+	t.Helper()
+	paths, err := fs.Glob(files, "*.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, p := range paths {
+		if p != libFile {
+			names = append(names, strings.TrimSuffix(p, ".lua"))
+		}
+	}
+	// The scripts leasing and checkpoints construct with MustScript.
+	for _, want := range []string{"lease_acquire", "lease_renew", "lease_release", "checkpoint_begin", "checkpoint_advance", "checkpoint_progress"} {
+		found := false
+		for _, n := range names {
+			found = found || n == want
+		}
+		if !found {
+			t.Errorf("script %s.lua not embedded (have %v)", want, names)
+		}
+	}
+	return names
+}
+
+func TestScriptHeaders(t *testing.T) {
+	for _, name := range scriptNames(t) {
+		body, err := files.ReadFile(name + ".lua")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The header is the leading run of comment lines.
+		var header strings.Builder
+		for _, line := range strings.Split(string(body), "\n") {
+			if !strings.HasPrefix(line, "--") {
+				break
+			}
+			header.WriteString(line + "\n")
+		}
+		h := header.String()
+		if h == "" {
+			t.Errorf("%s.lua: no header comment", name)
+			continue
+		}
+		for _, word := range []string{"KEYS", "ARGV", "returns"} {
+			if !strings.Contains(h, word) {
+				t.Errorf("%s.lua: header lacks %q:\n%s", name, word, h)
+			}
+		}
+	}
+}
+
+func TestSourceAndScript(t *testing.T) {
+	lib, err := files.ReadFile(libFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range scriptNames(t) {
+		src, err := Source(name)
+		if err != nil {
+			t.Fatalf("Source(%s): %v", name, err)
+		}
+		body, _ := files.ReadFile(name + ".lua")
+		if !strings.HasPrefix(src, string(lib)) || !strings.HasSuffix(src, string(body)) {
+			t.Errorf("Source(%s) is not lib.lua followed by %s.lua", name, name)
+		}
+		s, err := Script(name)
+		if err != nil || s == nil {
+			t.Fatalf("Script(%s) = %v, %v", name, s, err)
+		}
+		if s.Hash() == "" {
+			t.Errorf("Script(%s) has no hash", name)
+		}
+		if MustScript(name).Hash() != s.Hash() {
+			t.Errorf("MustScript(%s) differs from Script", name)
+		}
+	}
+}
+
+func TestUnknownScript(t *testing.T) {
+	for _, name := range []string{"nope", "lib_missing", "../lua", ""} {
+		if src, err := Source(name); err == nil {
+			t.Errorf("Source(%q) = %d bytes, want error", name, len(src))
+		}
+		if s, err := Script(name); err == nil || s != nil {
+			t.Errorf("Script(%q) = %v, %v; want nil and an error", name, s, err)
+		}
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error("MustScript of an unknown name did not panic")
+		}
+	}()
+	MustScript("nope")
+}
+
+// TestScriptsCompile loads every script into Redis, which compiles it: a
+// syntax error in lib.lua or a script fails here rather than at first use.
+func TestScriptsCompile(t *testing.T) {
+	names := scriptNames(t)
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			for _, name := range names {
+				s := MustScript(name)
+				sha, err := s.Load(ctx, b.Client).Result()
+				if err != nil {
+					t.Errorf("SCRIPT LOAD %s: %v", name, err)
+					continue
+				}
+				if sha != s.Hash() {
+					t.Errorf("SCRIPT LOAD %s: sha %s, want %s", name, sha, s.Hash())
+				}
+			}
+		})
+	}
+}
