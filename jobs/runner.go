@@ -301,7 +301,9 @@ func (r *Runner) fetchLoop(ctx context.Context, p int) {
 			continue
 		}
 		for _, m := range msgs {
-			if !r.acquire(r.workCtx) {
+			// Wait for a slot; on shutdown the entry stays pending and is
+			// reclaimed by another runner.
+			if !r.acquire(ctx) {
 				return
 			}
 			r.dispatch(p, m)

@@ -1,0 +1,41 @@
+//go:build linux
+
+package jobs
+
+import (
+	"os"
+	"syscall"
+	"unsafe"
+)
+
+// execSysProcAttr puts the command in its own process group, so it can be
+// signalled as a whole, and has the kernel SIGKILL it if the runner dies: an
+// orphan must never race the next lease holder.
+func execSysProcAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+}
+
+// terminateGroup sends SIGTERM to the process group led by p.
+func terminateGroup(p *os.Process) { _ = syscall.Kill(-p.Pid, syscall.SIGTERM) }
+
+// killGroup sends SIGKILL to the process group led by p. ESRCH (the group is
+// already empty) is expected and ignored.
+func killGroup(p *os.Process) { _ = syscall.Kill(-p.Pid, syscall.SIGKILL) }
+
+// pPID is waitid's P_PID id type.
+const pPID = 1
+
+// waitExitedNoReap blocks until the child pid has exited, leaving it a
+// zombie (WNOWAIT) so its pid, and so the group id, stays reserved until
+// cmd.Wait reaps it. It reports false if waitid failed.
+func waitExitedNoReap(pid int) bool {
+	var info [128]byte // siginfo_t; contents unused
+	for {
+		_, _, errno := syscall.Syscall6(syscall.SYS_WAITID, pPID, uintptr(pid),
+			uintptr(unsafe.Pointer(&info)), syscall.WEXITED|syscall.WNOWAIT, 0, 0)
+		if errno == syscall.EINTR {
+			continue
+		}
+		return errno == 0
+	}
+}
