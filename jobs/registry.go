@@ -143,6 +143,10 @@ func (r *Registry) Job(scope string) (Job, bool) {
 	return *j, true
 }
 
+// Prefix returns the Redis key prefix, for companions (such as the cron
+// scheduler) that keep their own keys beside the registry's.
+func (r *Registry) Prefix() string { return r.ks.Prefix() }
+
 // Scopes returns the registered scopes, sorted.
 func (r *Registry) Scopes() []string { return slices.Clone(r.scopes) }
 

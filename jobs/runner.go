@@ -25,7 +25,7 @@ const (
 	ConcurrencyDefault    = 16
 	LeaseTTLDefault       = 15 * time.Second
 	ShutdownGraceDefault  = 10 * time.Second
-	FetchBlockDefault     = 2 * time.Second
+	FetchBlockDefault     = time.Second
 	FetchBatchDefault     = 16
 	RetryPollDefault      = 500 * time.Millisecond
 	ReclaimIntervalMax    = time.Second
@@ -50,7 +50,8 @@ type RunnerConfig struct {
 	// ShutdownGrace: on shutdown, running stages get this long to finish;
 	// the rest are stopped and handed back (default 10s).
 	ShutdownGrace time.Duration
-	// FetchBlock is how long one blocking stream read waits (default 2s).
+	// FetchBlock is how long one blocking stream read waits (default 1s);
+	// shutdown waits for the reads in flight, so keep it short.
 	FetchBlock time.Duration
 	// FetchBatch bounds the entries read per stream read (default 16).
 	FetchBatch int
