@@ -152,6 +152,9 @@ func cmp0(v, def time.Duration) time.Duration {
 	return v
 }
 
+// ID returns the configured runner id (hostname by default).
+func (r *Runner) ID() string { return r.cfg.ID }
+
 // Owner returns the lease owner / consumer name of this runner.
 func (r *Runner) Owner() string { return r.owner }
 
