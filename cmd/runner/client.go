@@ -1,0 +1,392 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tasklease/tasklease/jobs"
+)
+
+// serverDefault is where client commands find a runner.
+const serverDefault = "http://127.0.0.1:8080"
+
+// client talks to a runner's HTTP API.
+type client struct {
+	base  string
+	token string
+	http  *http.Client
+}
+
+// apiError is the API's error body.
+type apiError struct {
+	Error struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// do sends a request and decodes a 2xx JSON answer into out. Transport
+// failures and 503 map to exit 3; other API errors to exit 2.
+func (c *client) do(ctx context.Context, method, path string, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
+	if err != nil {
+		return fail(exitUsage, "bad request: %w", err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fail(exitUnreachable, "server unreachable: %w", err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return fail(exitUnreachable, "reading answer: %w", err)
+	}
+	if resp.StatusCode/100 != 2 {
+		var ae apiError
+		msg := strings.TrimSpace(string(data))
+		if json.Unmarshal(data, &ae) == nil && ae.Error.Message != "" {
+			msg = ae.Error.Code + ": " + ae.Error.Message
+		}
+		code := exitUsage
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			code = exitUnreachable
+		}
+		return fail(code, "%s %s: %d %s", method, path, resp.StatusCode, msg)
+	}
+	if out != nil {
+		if err := json.Unmarshal(data, out); err != nil {
+			return fail(exitUnreachable, "decoding answer: %w", err)
+		}
+	}
+	return nil
+}
+
+func taskPath(subject, scope string) string {
+	return "/v1/tasks/" + url.PathEscape(subject) + "/" + url.PathEscape(scope)
+}
+
+func cmdClient(ctx context.Context, cmd string, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	server := fs.String("server", serverDefault, "runner HTTP API base URL")
+	asJSON := fs.Bool("json", false, "print the API's JSON")
+	var source, policy, status, scope, subject *string
+	var wait *bool
+	var limit *int
+	switch cmd {
+	case "submit":
+		source = fs.String("source", "manual", "schedule, foreground, manual or retry")
+		policy = fs.String("policy", "", "join, skip, queue or replace (default: the job's)")
+		wait = fs.Bool("wait", false, "follow the run's stages until it ends; exit 1 if it fails")
+	case "tasks":
+		status = fs.String("status", "", "filter by status")
+		scope = fs.String("scope", "", "filter by scope")
+		subject = fs.String("subject", "", "filter by subject")
+		limit = fs.Int("limit", 0, "at most this many tasks")
+	case "history":
+		limit = fs.Int("limit", 0, "at most this many events")
+	}
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	want := 2
+	if cmd == "tasks" {
+		want = 0
+	}
+	if len(pos) != want {
+		return fail(exitUsage, "%s wants %d arguments (SUBJECT SCOPE), got %d", cmd, want, len(pos))
+	}
+	if _, err := url.ParseRequestURI(*server); err != nil {
+		return fail(exitUsage, "--server: %w", err)
+	}
+	c := &client{base: strings.TrimRight(*server, "/"), token: os.Getenv("TASKLEASE_TOKEN"),
+		http: &http.Client{Timeout: 30 * time.Second}}
+	print := func(v any, text func()) {
+		if *asJSON {
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			_ = enc.Encode(v)
+			return
+		}
+		text()
+	}
+
+	switch cmd {
+	case "submit":
+		var res jobs.SubmitResult
+		body := map[string]string{"source": *source}
+		if *policy != "" {
+			body["policy"] = *policy
+		}
+		if err := c.do(ctx, http.MethodPost, taskPath(pos[0], pos[1])+"/runs", body, &res); err != nil {
+			return err
+		}
+		print(res, func() { fmt.Fprintf(stdout, "%s: %s\n", res.Outcome, describe(res.Task)) })
+		if !*wait {
+			return nil
+		}
+		return c.wait(ctx, pos[0], pos[1], res, stdout)
+	case "status":
+		var v jobs.TaskView
+		if err := c.do(ctx, http.MethodGet, taskPath(pos[0], pos[1]), nil, &v); err != nil {
+			return err
+		}
+		print(v, func() { fmt.Fprintln(stdout, describe(v)) })
+	case "tasks":
+		q := url.Values{}
+		for k, v := range map[string]string{"status": *status, "scope": *scope, "subject": *subject} {
+			if v != "" {
+				q.Set(k, v)
+			}
+		}
+		if *limit > 0 {
+			q.Set("limit", strconv.Itoa(*limit))
+		}
+		var out struct {
+			Tasks []jobs.TaskView `json:"tasks"`
+		}
+		if err := c.do(ctx, http.MethodGet, "/v1/tasks?"+q.Encode(), nil, &out); err != nil {
+			return err
+		}
+		print(out, func() {
+			for _, v := range out.Tasks {
+				fmt.Fprintln(stdout, describe(v))
+			}
+		})
+	case "history":
+		path := taskPath(pos[0], pos[1]) + "/history"
+		if *limit > 0 {
+			path += "?limit=" + strconv.Itoa(*limit)
+		}
+		var out struct {
+			Events []jobs.Event `json:"events"`
+		}
+		if err := c.do(ctx, http.MethodGet, path, nil, &out); err != nil {
+			return err
+		}
+		print(out, func() {
+			for _, e := range out.Events {
+				fmt.Fprintf(stdout, "%s  %-15s run %-8.8s %s\n", e.At.Local().Format("15:04:05.000"), e.Event, e.RunID, eventDetail(e))
+			}
+		})
+	case "cancel":
+		var out struct {
+			Outcome string `json:"outcome"`
+		}
+		if err := c.do(ctx, http.MethodPost, taskPath(pos[0], pos[1])+"/cancel", nil, &out); err != nil {
+			return err
+		}
+		print(out, func() { fmt.Fprintln(stdout, out.Outcome) })
+	}
+	return nil
+}
+
+func eventDetail(e jobs.Event) string {
+	var parts []string
+	add := func(k, v string) {
+		if v != "" {
+			parts = append(parts, k+"="+v)
+		}
+	}
+	add("source", e.Source)
+	add("stage", e.Stage)
+	add("outcome", e.Outcome)
+	add("error", e.Error)
+	add("owner", e.Owner)
+	if e.FencingToken > 0 {
+		add("token", strconv.FormatInt(e.FencingToken, 10))
+	}
+	return strings.Join(parts, " ")
+}
+
+// describe renders a view the way the seed asks: "running, started 14:03,
+// stage pushing".
+func describe(v jobs.TaskView) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %s", v.Key, v.Status)
+	if v.Stage != "" {
+		fmt.Fprintf(&b, ", stage %s", v.Stage)
+	}
+	if len(v.Stages) > 0 {
+		fmt.Fprintf(&b, " (%d/%d stages done)", len(v.CompletedStages), len(v.Stages))
+	}
+	if v.StartedAt != nil {
+		fmt.Fprintf(&b, ", started %s", v.StartedAt.Local().Format("15:04:05"))
+	}
+	if v.FinishedAt != nil {
+		fmt.Fprintf(&b, ", finished %s", v.FinishedAt.Local().Format("15:04:05"))
+	}
+	if v.NextAttemptAt != nil {
+		fmt.Fprintf(&b, ", next attempt %s", v.NextAttemptAt.Local().Format("15:04:05"))
+	}
+	if v.Attempt > 0 {
+		fmt.Fprintf(&b, ", attempt %d/%d", v.Attempt, v.MaxAttempts)
+	}
+	if len(v.Sources) > 0 {
+		srcs := make([]string, len(v.Sources))
+		for i, s := range v.Sources {
+			srcs[i] = string(s)
+		}
+		fmt.Fprintf(&b, ", sources %s", strings.Join(srcs, ","))
+	}
+	if v.Owner != "" {
+		fmt.Fprintf(&b, ", owner %s token %d", v.Owner, v.FencingToken)
+	}
+	if v.FollowUpQueued {
+		b.WriteString(", follow-up queued")
+	}
+	if v.LastError != "" {
+		fmt.Fprintf(&b, ", last error: %s", v.LastError)
+	}
+	return b.String()
+}
+
+// wait follows the run a submit created or joined until it ends, printing
+// each change; exit 1 unless it ends done.
+func (c *client) wait(ctx context.Context, subject, scope string, res jobs.SubmitResult, stdout io.Writer) error {
+	switch res.Outcome {
+	case jobs.OutcomeSkipped, jobs.OutcomeThrottled:
+		return nil
+	}
+	// For queued and replaced the run to follow is the next one.
+	first := res.Task.RunID
+	followNext := res.Outcome == jobs.OutcomeQueued || res.Outcome == jobs.OutcomeReplaced
+	isTarget := func(v jobs.TaskView) bool {
+		if followNext {
+			return v.RunID != first
+		}
+		return v.RunID == first
+	}
+	finished := func(v jobs.TaskView) (bool, error) {
+		if !isTarget(v) || v.Status.Active() || v.Status == jobs.StatusIdle {
+			return false, nil
+		}
+		if v.Status == jobs.StatusDone {
+			return true, nil
+		}
+		return true, &exitError{code: exitRunFailed, err: fmt.Errorf("run %s ended %s: %s", v.RunID, v.Status, v.LastError)}
+	}
+
+	key := subject + "|" + scope
+	events, errc := c.events(ctx)
+	var v jobs.TaskView // the stream is connected (or failed); catch up on what happened before
+	if err := c.do(ctx, http.MethodGet, taskPath(subject, scope), nil, &v); err != nil {
+		return err
+	}
+	last := ""
+	show := func(v jobs.TaskView) {
+		line := describe(v)
+		if line != last {
+			fmt.Fprintln(stdout, line)
+			last = line
+		}
+	}
+	show(v)
+	if ok, err := finished(v); ok {
+		return err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return fail(exitRunFailed, "interrupted while waiting")
+		case err := <-errc:
+			return err
+		case v := <-events:
+			if v.Key != key {
+				continue
+			}
+			show(v)
+			if ok, err := finished(v); ok {
+				return err
+			}
+		}
+	}
+}
+
+// events streams TaskViews from /v1/events. It returns once the stream is
+// connected (or failed, reported on the error channel).
+func (c *client) events(ctx context.Context) (<-chan jobs.TaskView, <-chan error) {
+	out := make(chan jobs.TaskView, 64)
+	errc := make(chan error, 1)
+	connected := make(chan struct{})
+	go func() {
+		defer close(connected)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/v1/events", nil)
+		if err != nil {
+			errc <- fail(exitUsage, "%w", err)
+			return
+		}
+		req.Header.Set("Accept", "text/event-stream")
+		if c.token != "" {
+			req.Header.Set("Authorization", "Bearer "+c.token)
+		}
+		resp, err := (&http.Client{}).Do(req) // no timeout: the stream is long-lived
+		if err != nil {
+			errc <- fail(exitUnreachable, "event stream: %w", err)
+			return
+		}
+		if resp.StatusCode != http.StatusOK {
+			resp.Body.Close()
+			code := exitUsage
+			if resp.StatusCode == http.StatusServiceUnavailable {
+				code = exitUnreachable
+			}
+			errc <- fail(code, "event stream: %s", resp.Status)
+			return
+		}
+		connected <- struct{}{}
+		defer resp.Body.Close()
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			data, ok := strings.CutPrefix(sc.Text(), "data:")
+			if !ok {
+				continue
+			}
+			var v jobs.TaskView
+			if json.Unmarshal([]byte(strings.TrimSpace(data)), &v) == nil {
+				select {
+				case out <- v:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+		if ctx.Err() == nil {
+			err := sc.Err()
+			if err == nil {
+				err = errors.New("closed by the server")
+			}
+			errc <- fail(exitUnreachable, "event stream: %w", err)
+		}
+	}()
+	<-connected
+	return out, errc
+}

@@ -1,0 +1,240 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tasklease/tasklease/internal/config"
+	"github.com/tasklease/tasklease/internal/httpapi"
+	"github.com/tasklease/tasklease/jobs"
+	"github.com/tasklease/tasklease/triggers"
+)
+
+// redisWaitDefault is how long serve waits for Redis at start before
+// exiting 3: long enough for a compose stack to come up.
+const redisWaitDefault = 10 * time.Second
+
+func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfgPath := fs.String("config", "", "config file (YAML); default: embedded Redis and the demo jobs")
+	listen := fs.String("listen", "", "HTTP listen address (overrides http.listen)")
+	redisURL := fs.String("redis", "", "Redis URL (overrides redis.url/addrs)")
+	if pos, err := parseArgs(fs, args); err != nil {
+		return err
+	} else if len(pos) > 0 {
+		return fail(exitUsage, "serve takes no arguments, got %q", pos)
+	}
+
+	cfg := config.Default()
+	if *cfgPath != "" {
+		var err error
+		if cfg, err = config.Load(*cfgPath); err != nil {
+			return fail(exitUsage, "%w", err)
+		}
+	}
+	if *listen != "" {
+		cfg.HTTP.Listen = *listen
+	}
+	if *redisURL != "" {
+		if _, err := redis.ParseURL(*redisURL); err != nil {
+			return fail(exitUsage, "--redis: %w", err)
+		}
+		cfg.Redis.URL, cfg.Redis.Addrs = *redisURL, nil
+	}
+	if err := cfg.Validate(); err != nil {
+		return fail(exitUsage, "%w", err)
+	}
+	log := cfg.Log.NewLogger(stderr)
+	return serve(ctx, cfg, log, nil)
+}
+
+// serve runs everything a runner pod runs until ctx ends. ready, when not
+// nil, receives the HTTP address once it listens (for tests).
+func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, ready func(addr string)) error {
+	var rdb redis.UniversalClient
+	if cfg.Embedded() {
+		m := miniredis.NewMiniRedis()
+		m.ClockTTL(true) // leases expire by the wall clock, as on a real Redis
+		if err := m.StartAddr("127.0.0.1:0"); err != nil {
+			return fail(exitUnreachable, "embedded redis: %w", err)
+		}
+		defer m.Close()
+		log.Warn("no redis configured: using an embedded in-process Redis; state is lost on exit and no other runner can join",
+			slog.String("addr", m.Addr()))
+		opts := cfg.RedisOptions()
+		opts.Addrs = []string{m.Addr()}
+		rdb = redis.NewUniversalClient(opts)
+	} else {
+		rdb = redis.NewUniversalClient(cfg.RedisOptions())
+	}
+	defer rdb.Close()
+	if err := waitRedis(ctx, rdb, redisWaitDefault); err != nil {
+		return fail(exitUnreachable, "redis unreachable: %w", err)
+	}
+
+	jobList, err := cfg.BuildJobs()
+	if err != nil {
+		return fail(exitUsage, "%w", err)
+	}
+	if len(jobList) == 0 {
+		jobList = config.DemoJobs()
+		log.Info("no jobs configured: registered the demo jobs course_sync, message_sync and backup")
+	}
+	promReg := prometheus.NewRegistry()
+	promReg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	rc := cfg.RegistryConfig()
+	rc.Jobs, rc.Logger, rc.Metrics = jobList, log, promReg
+	reg, err := jobs.NewRegistry(rdb, rc)
+	if err != nil {
+		return fail(exitUsage, "%w", err)
+	}
+	runner, err := jobs.NewRunner(reg, cfg.RunnerConfig())
+	if err != nil {
+		return fail(exitUsage, "%w", err)
+	}
+	var scheds []triggers.Schedule
+	for _, s := range cfg.Schedules {
+		scheds = append(scheds, triggers.Schedule{Name: s.Name, Cron: s.Cron, Scope: s.Scope,
+			Subjects: s.Subjects.List, AllSubjects: s.Subjects.All})
+	}
+	var sched *triggers.Scheduler
+	if len(scheds) > 0 {
+		sched, err = triggers.NewScheduler(rdb, reg, triggers.SchedulerConfig{
+			Schedules: scheds, ID: runner.ID(), Prefix: reg.Prefix(), Logger: log})
+		if err != nil {
+			return fail(exitUsage, "%w", err)
+		}
+	}
+
+	if cfg.HTTP.Token == "" && !isLoopback(cfg.HTTP.Listen) {
+		log.Warn("HTTP API listens beyond loopback WITHOUT a token: anyone who can reach it can submit and cancel runs; set http.token",
+			slog.String("listen", cfg.HTTP.Listen))
+	}
+	api := httpapi.New(reg, httpapi.Options{
+		Token: cfg.HTTP.Token, BodyLimit: cfg.HTTP.BodyLimit, Logger: log,
+		Metrics: promhttp.HandlerFor(promReg, promhttp.HandlerOpts{}),
+	})
+	ln, err := net.Listen("tcp", cfg.HTTP.Listen)
+	if err != nil {
+		return fail(exitUsage, "listen %s: %w", cfg.HTTP.Listen, err)
+	}
+	srv := httpapi.NewServer(cfg.HTTP.Listen, api)
+	log.Info("serving", slog.String("url", "http://"+ln.Addr().String()), slog.String("runner", runner.Owner()))
+	if ready != nil {
+		ready(ln.Addr().String())
+	}
+
+	var wg sync.WaitGroup
+	errs := make(chan error, 3)
+	wg.Go(func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errs <- fmt.Errorf("http: %w", err)
+		}
+	})
+	wg.Go(func() {
+		if err := runner.Run(ctx); err != nil {
+			errs <- fmt.Errorf("runner: %w", err)
+		}
+	})
+	if sched != nil {
+		wg.Go(func() {
+			if err := sched.Run(ctx); err != nil {
+				errs <- fmt.Errorf("scheduler: %w", err)
+			}
+		})
+	}
+	var runErr error
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down")
+	case runErr = <-errs:
+		log.Error("stopping after error", slog.Any("error", runErr))
+	}
+	shutCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(shutCtx) // SSE clients end with their request contexts
+	wg.Wait()
+	return runErr
+}
+
+// waitRedis pings until Redis answers or d passes.
+func waitRedis(ctx context.Context, rdb redis.UniversalClient, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := rdb.Ping(pctx).Err()
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(strings.Trim(host, "[]"))
+	return ip != nil && ip.IsLoopback()
+}
+
+func cmdValidate(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("validate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfgPath := fs.String("config", "", "config file (YAML)")
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if *cfgPath == "" && len(pos) == 1 {
+		*cfgPath = pos[0]
+	}
+	if *cfgPath == "" {
+		return fail(exitUsage, "validate needs --config FILE")
+	}
+	cfg, err := config.Load(*cfgPath)
+	if err != nil {
+		var probs config.Problems
+		if errors.As(err, &probs) {
+			fmt.Fprintf(stdout, "%s: %d problem(s)\n", *cfgPath, len(probs))
+			for _, p := range probs {
+				fmt.Fprintf(stdout, "  %s\n", p.String())
+			}
+			return &exitError{code: exitUsage, err: fmt.Errorf("%s is invalid", *cfgPath)}
+		}
+		return fail(exitUsage, "%w", err)
+	}
+	if _, err := cfg.BuildJobs(); err != nil {
+		return fail(exitUsage, "%w", err)
+	}
+	fmt.Fprintf(stdout, "%s: ok (%d jobs, %d schedules)\n", *cfgPath, len(cfg.Jobs), len(cfg.Schedules))
+	return nil
+}

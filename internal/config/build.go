@@ -1,0 +1,216 @@
+package config
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"net/http"
+	"runtime"
+	"slices"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tasklease/tasklease/jobs"
+)
+
+// poolSizeSlack is added to concurrency + partitions for the default pool:
+// the retry mover, reclaimer, cron leader, pub/sub and API share it.
+const poolSizeSlack = 16
+
+// RedisOptions returns go-redis options for the configured Redis: a single
+// node from url (redis://, rediss:// with TLS, unix://), Cluster from
+// several addrs, Sentinel from addrs with masterName. Username and password
+// override the URL's. For an embedded config (Embedded) Addrs is empty and
+// the caller fills in the in-process server's address. Call it on a
+// validated config: an invalid url yields options without an address.
+func (c *Config) RedisOptions() *redis.UniversalOptions {
+	r := c.Redis
+	o := &redis.UniversalOptions{}
+	if r.URL != "" {
+		if u, err := redis.ParseURL(r.URL); err == nil {
+			o = universalFromOptions(u)
+		}
+	} else {
+		o.Addrs = slices.Clone(r.Addrs)
+		o.MasterName = r.MasterName
+		o.DB = r.DB
+	}
+	if r.Username != "" {
+		o.Username = r.Username
+	}
+	if r.Password != "" {
+		o.Password = r.Password
+	}
+	switch {
+	case r.PoolSize > 0:
+		o.PoolSize = r.PoolSize
+	case o.PoolSize == 0: // not set by a pool_size URL option either
+		conc, parts := c.Runner.Concurrency, c.Partitions
+		if conc <= 0 {
+			conc = jobs.ConcurrencyDefault
+		}
+		if parts <= 0 {
+			parts = PartitionsDefault
+		}
+		o.PoolSize = max(10*runtime.GOMAXPROCS(0), conc+parts+poolSizeSlack)
+	}
+	return o
+}
+
+// universalFromOptions carries over what redis.ParseURL can set (address,
+// credentials, db, TLS and the query options).
+func universalFromOptions(u *redis.Options) *redis.UniversalOptions {
+	return &redis.UniversalOptions{
+		Addrs:                   []string{u.Addr},
+		ClientName:              u.ClientName,
+		DB:                      u.DB,
+		Protocol:                u.Protocol,
+		Username:                u.Username,
+		Password:                u.Password,
+		MaxRetries:              u.MaxRetries,
+		MinRetryBackoff:         u.MinRetryBackoff,
+		MaxRetryBackoff:         u.MaxRetryBackoff,
+		DialTimeout:             u.DialTimeout,
+		ReadTimeout:             u.ReadTimeout,
+		WriteTimeout:            u.WriteTimeout,
+		PoolFIFO:                u.PoolFIFO,
+		PoolSize:                u.PoolSize,
+		PoolTimeout:             u.PoolTimeout,
+		MinIdleConns:            u.MinIdleConns,
+		MaxIdleConns:            u.MaxIdleConns,
+		MaxActiveConns:          u.MaxActiveConns,
+		MaxConcurrentDials:      u.MaxConcurrentDials,
+		PipelinePoolSize:        u.PipelinePoolSize,
+		PipelineReadBufferSize:  u.PipelineReadBufferSize,
+		PipelineWriteBufferSize: u.PipelineWriteBufferSize,
+		ConnMaxIdleTime:         u.ConnMaxIdleTime,
+		ConnMaxLifetime:         u.ConnMaxLifetime,
+		ConnMaxLifetimeJitter:   u.ConnMaxLifetimeJitter,
+		TLSConfig:               u.TLSConfig,
+	}
+}
+
+// stageHandler is a configured stage kind: both check themselves.
+type stageHandler interface {
+	jobs.Handler
+	Validate() error
+}
+
+// BuildJobs turns the configured jobs into jobs.Jobs, sorted by scope:
+// exec stages become *jobs.ExecStage (env as sorted "K=V"), http stages
+// *jobs.HTTPStage (with an http.Client only when a timeout is set, so the
+// others share the default client's connections). With no jobs configured
+// it returns DemoJobs, as `runner serve` does. Errors wrap ErrInvalid; they
+// cannot happen for a config from Parse or Load.
+func (c *Config) BuildJobs() ([]jobs.Job, error) {
+	if len(c.Jobs) == 0 {
+		return DemoJobs(), nil
+	}
+	out := make([]jobs.Job, 0, len(c.Jobs))
+	for _, scope := range sortedScopes(c.Jobs) {
+		j := c.Jobs[scope]
+		if j == nil {
+			return nil, fmt.Errorf("%w: %s: empty job", ErrInvalid, keyPath("jobs", scope))
+		}
+		job := jobs.Job{
+			Scope:       scope,
+			OnConflict:  jobs.Policy(j.OnConflict),
+			MinInterval: j.MinInterval.D(),
+			Retry: jobs.RetryPolicy{
+				MaxAttempts: j.Retry.MaxAttempts,
+				Backoff:     j.Retry.Backoff.D(),
+				MaxBackoff:  j.Retry.MaxBackoff.D(),
+			},
+			LeaseTTL:   j.LeaseTTL.D(),
+			Foreground: j.Foreground,
+			Stages:     make([]jobs.Stage, 0, len(j.Stages)),
+		}
+		for i, s := range j.Stages {
+			h, err := buildHandler(s)
+			if err == nil {
+				err = h.Validate()
+			}
+			if err != nil {
+				return nil, fmt.Errorf("%w: %s: %w", ErrInvalid, indexPath(keyPath("jobs", scope)+".stages", i), err)
+			}
+			job.Stages = append(job.Stages, jobs.Stage{Name: s.Name, Timeout: s.Timeout.D(), Handler: h})
+		}
+		out = append(out, job)
+	}
+	return out, nil
+}
+
+func buildHandler(s Stage) (stageHandler, error) {
+	switch {
+	case s.Exec != nil && s.HTTP == nil:
+		env := make([]string, 0, len(s.Env))
+		for _, k := range sortedKeys(s.Env) {
+			env = append(env, k+"="+s.Env[k])
+		}
+		return &jobs.ExecStage{
+			Command:   slices.Clone(s.Exec),
+			Dir:       s.Dir,
+			Env:       env,
+			KillGrace: s.KillGrace.D(),
+		}, nil
+	case s.HTTP != nil && s.Exec == nil:
+		h := &jobs.HTTPStage{URL: s.HTTP.URL, Header: maps.Clone(s.HTTP.Headers)}
+		if s.HTTP.Timeout > 0 {
+			h.Client = &http.Client{Timeout: s.HTTP.Timeout.D()}
+		}
+		return h, nil
+	}
+	return nil, fmt.Errorf("set exactly one of exec or http")
+}
+
+// RegistryConfig returns the registry settings of the config. Jobs, Logger
+// and Metrics are the caller's to fill.
+func (c *Config) RegistryConfig() jobs.Config {
+	return jobs.Config{
+		Prefix:     c.Redis.Prefix,
+		Partitions: c.Partitions,
+		HistoryCap: c.HistoryCap,
+		Retention:  c.Retention.D(),
+	}
+}
+
+// RunnerConfig returns the runner settings of the config; fields it does
+// not set keep the jobs package defaults.
+func (c *Config) RunnerConfig() jobs.RunnerConfig {
+	return jobs.RunnerConfig{
+		ID:            c.Runner.ID,
+		Concurrency:   c.Runner.Concurrency,
+		LeaseTTL:      c.Runner.LeaseTTL.D(),
+		ShutdownGrace: c.Runner.ShutdownGrace.D(),
+	}
+}
+
+// SlogLevel returns the configured level (info if unknown).
+func (l Log) SlogLevel() slog.Level {
+	switch l.Level {
+	case "debug":
+		return slog.LevelDebug
+	case "warn":
+		return slog.LevelWarn
+	case "error":
+		return slog.LevelError
+	}
+	return slog.LevelInfo
+}
+
+// NewLogger returns a logger writing to w in the configured level and
+// format (text unless json).
+func (l Log) NewLogger(w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: l.SlogLevel()}
+	if l.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// compile-time checks that the stage kinds still fit.
+var (
+	_ stageHandler = (*jobs.ExecStage)(nil)
+	_ stageHandler = (*jobs.HTTPStage)(nil)
+)

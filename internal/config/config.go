@@ -1,0 +1,322 @@
+// Package config loads, checks and applies tasklease's YAML configuration
+// (DESIGN §7; config.example.yaml is the documented reference).
+//
+// Loading is strict: unknown keys, wrong types and invalid values are all
+// reported at once, each with its path ("jobs.course_sync.stages[1].exec"),
+// so a deployment fails at start with the whole list instead of one error
+// per restart. ${NAME} and ${NAME:-default} are expanded in the raw text
+// before parsing.
+package config
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/tasklease/tasklease/internal/keyspace"
+	"github.com/tasklease/tasklease/jobs"
+)
+
+// Defaults of the configuration.
+const (
+	PartitionsDefault = keyspace.PartitionsDefault // 16
+	PartitionsMax     = keyspace.PartitionsMax     // 1024
+	PrefixDefault     = keyspace.PrefixDefault     // "tasklease"
+	ListenDefault     = "127.0.0.1:8080"
+	BodyLimitDefault  = 1 << 20 // 1 MiB
+	LogLevelDefault   = "info"
+	LogFormatDefault  = "text"
+	HistoryCapDefault = 200
+	RetentionDefault  = Duration(jobs.RetentionDefault) // 168h
+	// LeaseTTLMin is the smallest lease TTL accepted: the lease is renewed
+	// every TTL/3, and shorter periods turn Redis latency into lease loss.
+	LeaseTTLMin = Duration(100 * time.Millisecond)
+	// maxConfigSize bounds what Parse reads; real configs are a few KiB.
+	maxConfigSize = 4 << 20
+)
+
+// Config is the whole configuration of a runner process.
+type Config struct {
+	// Redis to connect to; no url and no addrs means an embedded in-process
+	// Redis (miniredis), for trying tasklease on a fresh machine.
+	Redis Redis `yaml:"redis"`
+	// Partitions of the keyspace (default 16, 1..1024). Fixed for a
+	// deployment's life: changing it moves keys to other partitions.
+	Partitions int `yaml:"partitions"`
+	// Runner settings.
+	Runner Runner `yaml:"runner"`
+	// HTTP API and dashboard.
+	HTTP HTTP `yaml:"http"`
+	// Log output.
+	Log Log `yaml:"log"`
+	// Retention of finished runs and their history (default 168h).
+	Retention Duration `yaml:"retention"`
+	// HistoryCap bounds each task's history (default 200 events).
+	HistoryCap int `yaml:"historyCap"`
+	// Jobs by scope. None configured means the demo jobs (DemoJobs).
+	Jobs map[string]*Job `yaml:"jobs"`
+	// Schedules submit runs from cron expressions.
+	Schedules []Schedule `yaml:"schedules"`
+}
+
+// Redis says where Redis is: a URL for a single node, or addrs for Redis
+// Cluster (several addresses) or Sentinel (with masterName).
+type Redis struct {
+	// URL of a single node: redis://[user:pass@]host:port/db, rediss:// for
+	// TLS, unix:///path. Query options as in go-redis ParseURL.
+	URL string `yaml:"url"`
+	// Addrs of Cluster nodes, or of Sentinels when MasterName is set. One
+	// address without MasterName is a single node.
+	Addrs []string `yaml:"addrs"`
+	// MasterName selects Sentinel: the name of the monitored master.
+	MasterName string `yaml:"masterName"`
+	// Username for Redis ACLs; overrides the URL's.
+	Username string `yaml:"username"`
+	// Password; overrides the URL's, so a secret can come from ${ENV}.
+	Password string `yaml:"password"`
+	// DB number with addrs (single node or Sentinel). With url, put the db
+	// in the URL path.
+	DB int `yaml:"db"`
+	// Prefix of every key (default "tasklease").
+	Prefix string `yaml:"prefix"`
+	// PoolSize of the connection pool per node (default max(10 ×
+	// GOMAXPROCS, concurrency + partitions + 16)): every partition holds a
+	// connection in a blocking stream read.
+	PoolSize int `yaml:"poolSize"`
+}
+
+// Runner configures the runner loop.
+type Runner struct {
+	// ID names the runner in lease owners, e.g. the pod name (default: the
+	// hostname).
+	ID string `yaml:"id"`
+	// Concurrency bounds the runs executing at once (default 16).
+	Concurrency int `yaml:"concurrency"`
+	// LeaseTTL of runs whose job sets none (default 15s, at least 100ms).
+	LeaseTTL Duration `yaml:"leaseTTL"`
+	// ShutdownGrace is how long running stages may finish on SIGTERM before
+	// they are handed back (default 10s).
+	ShutdownGrace Duration `yaml:"shutdownGrace"`
+}
+
+// HTTP configures the API server.
+type HTTP struct {
+	// Listen address, host:port (default 127.0.0.1:8080).
+	Listen string `yaml:"listen"`
+	// Token, when set, is required as "Authorization: Bearer <token>" on
+	// every /v1 route.
+	Token string `yaml:"token"`
+	// BodyLimit bounds request bodies in bytes (default 1 MiB).
+	BodyLimit int64 `yaml:"bodyLimit"`
+}
+
+// Log configures log/slog output.
+type Log struct {
+	// Level: debug, info, warn or error (default info).
+	Level string `yaml:"level"`
+	// Format: text or json (default text).
+	Format string `yaml:"format"`
+}
+
+// Job configures one scope.
+type Job struct {
+	// Stages run in order (1..64, distinct names).
+	Stages []Stage `yaml:"stages"`
+	// OnConflict: join (default), skip, queue or replace.
+	OnConflict string `yaml:"onConflict"`
+	// MinInterval throttles schedule and foreground requests after a
+	// success (default 0: never).
+	MinInterval Duration `yaml:"minInterval"`
+	// Retry of failed attempts.
+	Retry Retry `yaml:"retry"`
+	// LeaseTTL overrides runner.leaseTTL for this job.
+	LeaseTTL Duration `yaml:"leaseTTL"`
+	// Foreground: the foreground hook submits this job when it names no
+	// scopes.
+	Foreground bool `yaml:"foreground"`
+}
+
+// Retry spaces and bounds attempts.
+type Retry struct {
+	// MaxAttempts counts every attempt including the first (default 3; 1
+	// disables retries).
+	MaxAttempts int `yaml:"maxAttempts"`
+	// Backoff before the second attempt, doubled after each (default 1s).
+	Backoff Duration `yaml:"backoff"`
+	// MaxBackoff caps the delay (default 5m).
+	MaxBackoff Duration `yaml:"maxBackoff"`
+}
+
+// Stage is one named step: exactly one of Exec or HTTP.
+type Stage struct {
+	// Name, ^[a-z][a-z0-9_-]{0,63}$, distinct within the job.
+	Name string `yaml:"name"`
+	// Exec is the argv of a command run per execution.
+	Exec []string `yaml:"exec"`
+	// Dir is the command's working directory (exec only).
+	Dir string `yaml:"dir"`
+	// Env adds variables to the command's environment (exec only).
+	Env map[string]string `yaml:"env"`
+	// HTTP POSTs the run to a URL instead.
+	HTTP *HTTPStage `yaml:"http"`
+	// Timeout bounds one execution (default 0: none).
+	Timeout Duration `yaml:"timeout"`
+	// KillGrace is the delay between SIGTERM and SIGKILL (exec only; default
+	// 5s, capped by the lease).
+	KillGrace Duration `yaml:"killGrace"`
+}
+
+// HTTPStage configures an HTTP stage.
+type HTTPStage struct {
+	// URL, http or https.
+	URL string `yaml:"url"`
+	// Headers added to the request, e.g. Authorization.
+	Headers map[string]string `yaml:"headers"`
+	// Timeout of the request (default 30s).
+	Timeout Duration `yaml:"timeout"`
+}
+
+// Schedule submits runs of a scope for some subjects on a cron schedule.
+type Schedule struct {
+	// Name, ^[a-z0-9][a-z0-9_.-]{0,63}$, unique; part of the idempotency key
+	// of each occurrence.
+	Name string `yaml:"name"`
+	// Cron: five fields or a descriptor (@every 30s, @hourly).
+	Cron string `yaml:"cron"`
+	// Scope of a configured job.
+	Scope string `yaml:"scope"`
+	// Subjects to submit for.
+	Subjects Subjects `yaml:"subjects"`
+}
+
+// Default returns a config with every default applied and no jobs: an
+// embedded Redis and the demo jobs, what `runner serve` runs with no file.
+func Default() *Config {
+	c := &Config{}
+	c.applyDefaults()
+	return c
+}
+
+// Load reads the file at path and returns its config, defaults applied and
+// validated. Invalid content yields Problems (errors.Is ErrInvalid); an
+// unreadable file yields the read error.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	return Parse(data)
+}
+
+// Parse is Load from bytes: expand ${ENV}, parse, apply defaults, validate.
+func Parse(data []byte) (*Config, error) {
+	ps := newProblemSet()
+	if len(data) > maxConfigSize {
+		ps.add("", 0, "config is %d bytes, more than the %d accepted", len(data), maxConfigSize)
+		return nil, ps.result()
+	}
+	text := expandEnv(string(data), os.LookupEnv)
+	c := &Config{}
+	decodeYAML(text, c, ps)
+	c.checkExplicitZeros(ps)
+	c.applyDefaults()
+	c.validate(ps)
+	if err := ps.result(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Validate applies defaults to unset (zero) fields and reports every
+// problem. Parse calls it; call it again after changing a config in Go,
+// e.g. from command-line flags.
+func (c *Config) Validate() error {
+	ps := newProblemSet()
+	c.applyDefaults()
+	c.validate(ps)
+	return ps.result()
+}
+
+// Embedded reports whether no Redis is configured, so the runner starts an
+// in-process one.
+func (c *Config) Embedded() bool {
+	return c.Redis.URL == "" && len(c.Redis.Addrs) == 0
+}
+
+// applyDefaults fills zero fields. Jobs get theirs too, so that what
+// validate checks (backoff ≤ maxBackoff) is what will run.
+func (c *Config) applyDefaults() {
+	if c.Redis.Prefix == "" {
+		c.Redis.Prefix = PrefixDefault
+	}
+	if c.Partitions == 0 {
+		c.Partitions = PartitionsDefault
+	}
+	if c.Runner.ID == "" {
+		c.Runner.ID = defaultRunnerID()
+	}
+	if c.Runner.Concurrency == 0 {
+		c.Runner.Concurrency = jobs.ConcurrencyDefault
+	}
+	if c.Runner.LeaseTTL == 0 {
+		c.Runner.LeaseTTL = Duration(jobs.LeaseTTLDefault)
+	}
+	if c.Runner.ShutdownGrace == 0 {
+		c.Runner.ShutdownGrace = Duration(jobs.ShutdownGraceDefault)
+	}
+	if c.HTTP.Listen == "" {
+		c.HTTP.Listen = ListenDefault
+	}
+	if c.HTTP.BodyLimit == 0 {
+		c.HTTP.BodyLimit = BodyLimitDefault
+	}
+	if c.Log.Level == "" {
+		c.Log.Level = LogLevelDefault
+	}
+	if c.Log.Format == "" {
+		c.Log.Format = LogFormatDefault
+	}
+	if c.Retention == 0 {
+		c.Retention = RetentionDefault
+	}
+	if c.HistoryCap == 0 {
+		c.HistoryCap = HistoryCapDefault
+	}
+	for _, j := range c.Jobs {
+		if j == nil {
+			continue
+		}
+		if j.OnConflict == "" {
+			j.OnConflict = string(jobs.PolicyJoin)
+		}
+		if j.Retry.MaxAttempts == 0 {
+			j.Retry.MaxAttempts = jobs.MaxAttemptsDefault
+		}
+		if j.Retry.Backoff == 0 {
+			j.Retry.Backoff = Duration(jobs.BackoffDefault)
+		}
+		if j.Retry.MaxBackoff == 0 {
+			j.Retry.MaxBackoff = Duration(jobs.MaxBackoffDefault)
+		}
+	}
+}
+
+// defaultRunnerID is the hostname, made valid: a runner must start even on
+// a host with an odd name.
+func defaultRunnerID() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		return "runner"
+	}
+	h = strings.Map(func(r rune) rune {
+		if r == ' ' || r == '|' || r < 0x20 || r == 0x7f {
+			return '-'
+		}
+		return r
+	}, h)
+	if len(h) > runnerIDMax {
+		h = h[:runnerIDMax]
+	}
+	return strings.ToValidUTF8(h, "-")
+}

@@ -1,0 +1,62 @@
+package config
+
+import (
+	"errors"
+	"os"
+	"strings"
+	"testing"
+)
+
+// FuzzParse feeds arbitrary bytes to Parse: it must never panic, every
+// failure must be Problems wrapping ErrInvalid, and every config it accepts
+// must build jobs that the jobs package accepts (registry and runner).
+func FuzzParse(f *testing.F) {
+	for _, path := range []string{examplePath, "testdata/broken.yaml"} {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(data)
+	}
+	for _, s := range []string{
+		"",
+		"partitions: 4\n",
+		"jobs: {a: {stages: [{name: x, exec: [\"true\"]}]}}\n",
+		"jobs: {a: {stages: [{name: x, http: {url: \"http://h/p\", headers: {X-A: b}, timeout: 1s}}]}}\n",
+		"jobs:\n  a: &j\n    stages: [&s {name: x, exec: [sh]}]\n  b: {<<: *j, retry: {backoff: 1s}}\n",
+		"schedules: [{name: a, cron: \"@every 1m\", scope: backup, subjects: all}]\n",
+		"redis: {url: \"rediss://u:p@h:1/2?dial_timeout=1s\"}\n",
+		"redis: {addrs: [\"a:1\", \"b:2\"], masterName: m, poolSize: 100}\n",
+		"runner: {leaseTTL: 100ms, concurrency: 1}\nhttp: {listen: \":0\"}\n",
+		"a: &a [*a]\n",
+		"jobs: &x {a: *x}\n",
+		"token: ${HOME:-x}$${Y}\n",
+		"--- \n...\n",
+		"schedules: [{cron: \"TZ=\"}]",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := Parse(data)
+		if err != nil {
+			var ps Problems
+			if !errors.Is(err, ErrInvalid) || !errors.As(err, &ps) || len(ps) == 0 {
+				t.Fatalf("Parse error %T %v is not Problems/ErrInvalid", err, err)
+			}
+			if strings.TrimSpace(err.Error()) == "" {
+				t.Fatal("empty error text")
+			}
+			return
+		}
+		if err := c.Validate(); err != nil {
+			t.Fatalf("Validate after Parse: %v", err)
+		}
+		_ = c.RedisOptions()
+		checkWithJobsPackage(t, c)
+		for _, s := range c.Schedules {
+			if _, err := ParseCron(s.Cron); err != nil {
+				t.Fatalf("accepted schedule does not parse: %v", err)
+			}
+		}
+	})
+}
