@@ -18,6 +18,8 @@ var (
 	ErrInvalidSource = errors.New("jobs: invalid source")
 	// ErrInvalidPolicy: the policy is not join, skip, queue or replace.
 	ErrInvalidPolicy = errors.New("jobs: invalid policy")
+	// ErrInvalidStatus: not a run status (List filters).
+	ErrInvalidStatus = errors.New("jobs: invalid status")
 	// ErrNotFound: the task key has no run record.
 	ErrNotFound = errors.New("jobs: task not found")
 	// ErrConfig: invalid job or runner configuration.
@@ -124,7 +126,7 @@ func ParseStatus(s string) (Status, error) {
 	case StatusIdle, StatusQueued, StatusRunning, StatusRetrying, StatusDone, StatusFailed, StatusCancelled:
 		return st, nil
 	}
-	return "", fmt.Errorf("%w: unknown status %q", ErrConfig, s)
+	return "", fmt.Errorf("%w: %q (want idle, queued, running, retrying, done, failed or cancelled)", ErrInvalidStatus, s)
 }
 
 // Handler executes one stage of a run. It must return when ctx is done: ctx

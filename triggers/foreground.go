@@ -21,7 +21,7 @@ type ForegroundResult struct {
 // job with Foreground true when scopes is empty), with source "foreground"
 // and each job's default conflict policy; a scope listed twice is submitted
 // once. It validates everything before submitting anything: an invalid
-// subject (taskkey.ErrInvalid) or any unknown scope (jobs.ErrUnknownScope)
+// subject or scope (taskkey.ErrInvalid) or any unknown scope (jobs.ErrUnknownScope)
 // submits nothing. Results are in the order of scopes (sorted when scopes is
 // empty; empty, not nil, when no job is a foreground job). If Redis fails
 // part-way, the results submitted so far are returned with the error.
@@ -43,6 +43,10 @@ func Foreground(ctx context.Context, reg *jobs.Registry, subject string, scopes 
 		var errs []error
 		seen := make(map[string]bool, len(scopes))
 		for _, sc := range scopes {
+			if err := taskkey.ValidateScope(sc); err != nil {
+				errs = append(errs, err)
+				continue
+			}
 			if _, ok := reg.Job(sc); !ok {
 				errs = append(errs, fmt.Errorf("%w: %q", jobs.ErrUnknownScope, sc))
 				continue

@@ -1,0 +1,90 @@
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"time"
+)
+
+// events streams every task state change as Server-Sent Events:
+//
+//	event: task
+//	data: <TaskView JSON>
+//
+// with a ": ping" comment every keep-alive interval. It ends when the client
+// goes, or when the server built by NewServer shuts down. Views come from
+// Redis pub/sub (Registry.Subscribe): a client that falls behind loses
+// messages rather than slowing Redis, so a reconnecting client should
+// re-list tasks.
+func (a *api) events(w http.ResponseWriter, r *http.Request) {
+	rc := http.NewResponseController(w)
+	// The stream must outlive ReadTimeout and the write deadline other routes
+	// use. net/http already lifts both for a body-less request (after the
+	// headers, and after each response); clearing them here keeps that true
+	// whatever the request or the Go version. Errors: not a real connection.
+	_ = rc.SetReadDeadline(time.Time{})
+	_ = rc.SetWriteDeadline(time.Time{})
+
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel() // ends the subscription
+	views, err := a.reg.Subscribe(ctx)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no") // nginx would buffer the stream otherwise
+	w.WriteHeader(http.StatusOK)
+
+	// send writes one message under its own write deadline, so a client that
+	// stops reading is dropped instead of pinning this goroutine.
+	send := func(msg []byte) bool {
+		_ = rc.SetWriteDeadline(time.Now().Add(sseWriteTimeout))
+		if _, err := w.Write(msg); err != nil {
+			return false
+		}
+		return rc.Flush() == nil
+	}
+	// retry: the client's reconnect delay. The comment makes the headers go
+	// out now, so EventSource reports "open" before the first change.
+	if !send([]byte("retry: 2000\n: connected\n\n")) {
+		return
+	}
+
+	tick := time.NewTicker(a.set.keepAlive)
+	defer tick.Stop()
+	shutdown := shutdownChan(r.Context())
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-shutdown:
+			return
+		case <-tick.C:
+			if !send([]byte(": ping\n\n")) {
+				return
+			}
+		case v, ok := <-views:
+			if !ok {
+				return
+			}
+			b, err := json.Marshal(v)
+			if err != nil {
+				a.log.LogAttrs(ctx, slog.LevelError, "http: encode task view", slog.Any("error", err))
+				continue
+			}
+			msg := make([]byte, 0, len(b)+24)
+			msg = append(msg, "event: task\ndata: "...)
+			msg = append(msg, b...)
+			msg = append(msg, "\n\n"...)
+			if !send(msg) {
+				return
+			}
+		}
+	}
+}

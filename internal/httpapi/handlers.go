@@ -1,0 +1,230 @@
+package httpapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+
+	"github.com/tasklease/tasklease/jobs"
+	"github.com/tasklease/tasklease/taskkey"
+	"github.com/tasklease/tasklease/triggers"
+)
+
+// maxLimit bounds ?limit= on list and history (jobs.ListLimitMax).
+const maxLimit = jobs.ListLimitMax
+
+// submitBody is the body of POST /v1/tasks/{subject}/{scope}/runs. Both
+// fields are optional: source defaults to manual, policy to the job's.
+type submitBody struct {
+	Source string `json:"source"`
+	Policy string `json:"policy"`
+}
+
+// submitResponse is jobs.SubmitResult on the wire; declared here so the
+// contract's field names are visible next to the route.
+type submitResponse struct {
+	Outcome jobs.Outcome  `json:"outcome"`
+	Task    jobs.TaskView `json:"task"`
+}
+
+func (a *api) submit(w http.ResponseWriter, r *http.Request) {
+	var body submitBody
+	if _, err := a.decode(w, r, &body); err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	res, err := a.reg.Submit(r.Context(), r.PathValue("subject"), r.PathValue("scope"),
+		jobs.SubmitOptions{Source: jobs.Source(body.Source), Policy: jobs.Policy(body.Policy)})
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	// 200 for every outcome, "started" included: the outcome field says
+	// what happened, so clients handle one success shape.
+	writeJSON(w, http.StatusOK, submitResponse{Outcome: res.Outcome, Task: res.Task})
+}
+
+func (a *api) get(w http.ResponseWriter, r *http.Request) {
+	v, err := a.reg.Get(r.Context(), r.PathValue("subject"), r.PathValue("scope"))
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+type cancelResponse struct {
+	Outcome jobs.CancelOutcome `json:"outcome"`
+}
+
+func (a *api) cancel(w http.ResponseWriter, r *http.Request) {
+	o, err := a.reg.Cancel(r.Context(), r.PathValue("subject"), r.PathValue("scope"))
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, cancelResponse{Outcome: o})
+}
+
+type historyResponse struct {
+	Events []jobs.Event `json:"events"`
+}
+
+// history answers the key's events, newest first. A key that never ran has
+// no events: that is an empty list, not 404, because history outlives the
+// run record (and a client polling history should not special-case it).
+func (a *api) history(w http.ResponseWriter, r *http.Request) {
+	limit, err := parseLimit(r)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	ev, err := a.reg.History(r.Context(), r.PathValue("subject"), r.PathValue("scope"), limit)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	if ev == nil {
+		ev = []jobs.Event{}
+	}
+	writeJSON(w, http.StatusOK, historyResponse{Events: ev})
+}
+
+type listResponse struct {
+	Tasks []jobs.TaskView `json:"tasks"`
+}
+
+func (a *api) list(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	limit, err := parseLimit(r)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	opts := jobs.ListOptions{Scope: q.Get("scope"), Subject: q.Get("subject"), Limit: limit}
+	// Validated here rather than left to List: jobs.ParseStatus wraps
+	// jobs.ErrConfig, which is not an input error class this layer can map.
+	if s := q.Get("status"); s != "" {
+		st, err := jobs.ParseStatus(s)
+		if err != nil {
+			a.fail(w, r, badRequestf("invalid status %q (want idle, queued, running, retrying, done, failed or cancelled)", s))
+			return
+		}
+		opts.Status = st
+	}
+	// A malformed scope is bad input (400); a well-formed unknown one is
+	// not found (404), as in the task routes.
+	if opts.Scope != "" {
+		if err := taskkey.ValidateScope(opts.Scope); err != nil {
+			a.fail(w, r, err)
+			return
+		}
+	}
+	if opts.Subject != "" {
+		if err := taskkey.ValidateSubject(opts.Subject); err != nil {
+			a.fail(w, r, err)
+			return
+		}
+	}
+	tasks, err := a.reg.List(r.Context(), opts)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	if tasks == nil {
+		tasks = []jobs.TaskView{}
+	}
+	writeJSON(w, http.StatusOK, listResponse{Tasks: tasks})
+}
+
+// foregroundBody is the body of POST /v1/hooks/foreground. Scopes omitted
+// or empty: every job with Foreground set.
+type foregroundBody struct {
+	Subject string   `json:"subject"`
+	Scopes  []string `json:"scopes"`
+}
+
+type foregroundResponse struct {
+	Results []triggers.ForegroundResult `json:"results"`
+}
+
+// foreground is the app-came-to-the-foreground webhook. Every scope is
+// validated before anything is submitted, so a bad request starts nothing.
+func (a *api) foreground(w http.ResponseWriter, r *http.Request) {
+	var body foregroundBody
+	empty, err := a.decode(w, r, &body)
+	if err == nil && empty {
+		err = badRequestf(`body required: {"subject": "...", "scopes": [...]}`)
+	}
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	results, err := triggers.Foreground(r.Context(), a.reg, body.Subject, body.Scopes)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	out := foregroundResponse{Results: results}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (a *api) healthz(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (a *api) readyz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
+	defer cancel()
+	if err := a.ready(ctx); err != nil {
+		a.log.WarnContext(r.Context(), "http: not ready", "error", err)
+		writeError(w, http.StatusServiceUnavailable, "unavailable", "not ready: redis unavailable")
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// decode reads a JSON object into dst, strictly: unknown fields, trailing
+// data and wrong types are bad requests, an oversized body is
+// *http.MaxBytesError. An empty (or all-whitespace) body leaves dst alone
+// and reports empty, since every field of a submit is optional.
+func (a *api) decode(w http.ResponseWriter, r *http.Request, dst any) (empty bool, err error) {
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, a.bodyLimit))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return false, err
+		}
+		return false, badRequestf("reading body: %v", err)
+	}
+	if len(bytes.TrimSpace(b)) == 0 {
+		return true, nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(dst); err != nil {
+		return false, badRequestf("invalid JSON body: %v", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return false, badRequestf("invalid JSON body: data after the object")
+	}
+	return false, nil
+}
+
+// parseLimit reads ?limit=: absent means the registry's default; otherwise
+// 1..maxLimit.
+func parseLimit(r *http.Request) (int, error) {
+	s := r.URL.Query().Get("limit")
+	if s == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 || n > maxLimit {
+		return 0, badRequestf("invalid limit %q (want 1..%d)", s, maxLimit)
+	}
+	return n, nil
+}

@@ -1,0 +1,377 @@
+// Package httpapi serves tasklease's HTTP API v1 (DESIGN §5), the
+// Server-Sent Events feed, health and readiness probes, Prometheus metrics
+// and the embedded dashboard.
+//
+// Every entry point that is not Go code goes through here to the one
+// Registry: the dashboard's "Sync now" button, a mobile app's foreground
+// webhook, scripts and the CLI client. The handler only translates HTTP to
+// Registry calls; it never executes work and never touches a lease.
+//
+// Wire conventions:
+//
+//   - JSON in and out; errors are {"error":{"code":"...","message":"..."}}
+//     with codes bad_request (400), unauthorized (401), not_found (404),
+//     method_not_allowed (405), payload_too_large (413) and unavailable
+//     (503: Redis could not be reached or did not answer in time).
+//   - POST .../runs answers 200 for every outcome, including "started":
+//     the outcome field, not the status code, says what happened, so a
+//     client has one success shape to handle.
+//   - When Options.Token is set every /v1 route requires
+//     "Authorization: Bearer <token>". Because browsers' EventSource cannot
+//     send headers, GET /v1/events (and only that route) also accepts the
+//     token as the query parameter access_token. /healthz, /readyz,
+//     /metrics and the dashboard page are open: the page holds no data and
+//     asks for the token itself.
+//   - Non-SSE requests run under a context deadline (RequestTimeout) and a
+//     matching per-request write deadline; the SSE route has neither, which
+//     is why NewServer leaves http.Server.WriteTimeout at 0.
+package httpapi
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tasklease/tasklease/jobs"
+	"github.com/tasklease/tasklease/taskkey"
+)
+
+// Defaults and limits.
+const (
+	// BodyLimitDefault bounds request bodies when Options.BodyLimit is 0.
+	BodyLimitDefault int64 = 1 << 20
+	// RequestTimeout bounds every non-SSE request: its context (and so
+	// every Redis call made for it) gets this deadline, and writing the
+	// response must finish shortly after.
+	RequestTimeout = 10 * time.Second
+	// KeepAliveInterval is how often the SSE feed sends a comment so that
+	// proxies and load balancers do not close an idle stream.
+	KeepAliveInterval = 15 * time.Second
+	// readyTimeout bounds one readiness probe; probes are frequent and a
+	// slow Redis is as good as an absent one to a load balancer.
+	readyTimeout = 2 * time.Second
+	// writeGrace is added to RequestTimeout for the write deadline, so a
+	// response computed just before the context deadline can still be sent.
+	writeGrace = 5 * time.Second
+	// sseWriteTimeout drops an SSE client that stops reading: each event
+	// must be written within it, otherwise a stuck client would pin a
+	// goroutine and a Redis subscription forever.
+	sseWriteTimeout = 30 * time.Second
+)
+
+const eventsPath = "/v1/events"
+
+// Options configure the handler built by New.
+type Options struct {
+	// Token, when set, is required as "Authorization: Bearer <token>" on
+	// every /v1 route (compared in constant time). /healthz, /readyz,
+	// /metrics and / stay open. GET /v1/events also accepts
+	// ?access_token=<token> because EventSource cannot send headers.
+	Token string
+	// BodyLimit bounds request bodies (default BodyLimitDefault, 1 MiB);
+	// larger bodies are answered 413.
+	BodyLimit int64
+	// Logger receives the access log (debug) and Redis failures (error).
+	// Default slog.Default().
+	Logger *slog.Logger
+	// Metrics is served at GET /metrics, e.g. promhttp.HandlerFor(reg, ...).
+	// nil answers 404.
+	Metrics http.Handler
+	// Ready decides /readyz (default: the registry's Redis Ping); an error
+	// answers 503.
+	Ready func(ctx context.Context) error
+}
+
+// settings are the knobs tests shorten; production uses the constants.
+type settings struct {
+	keepAlive      time.Duration
+	requestTimeout time.Duration
+	writeGrace     time.Duration
+}
+
+// api is the handler returned by New.
+type api struct {
+	reg       *jobs.Registry
+	token     bool
+	tokenSum  [32]byte
+	bodyLimit int64
+	log       *slog.Logger
+	metrics   http.Handler
+	ready     func(context.Context) error
+	set       settings
+	mux       *http.ServeMux
+}
+
+// New returns the HTTP handler of the API v1, the SSE feed, the probes,
+// the metrics endpoint and the dashboard, all backed by reg.
+func New(reg *jobs.Registry, opts Options) http.Handler {
+	return newAPI(reg, opts, settings{keepAlive: KeepAliveInterval, requestTimeout: RequestTimeout, writeGrace: writeGrace})
+}
+
+func newAPI(reg *jobs.Registry, opts Options, set settings) *api {
+	a := &api{
+		reg:       reg,
+		token:     opts.Token != "",
+		tokenSum:  sha256.Sum256([]byte(opts.Token)),
+		bodyLimit: opts.BodyLimit,
+		log:       opts.Logger,
+		metrics:   opts.Metrics,
+		ready:     opts.Ready,
+		set:       set,
+		mux:       http.NewServeMux(),
+	}
+	if a.bodyLimit <= 0 {
+		a.bodyLimit = BodyLimitDefault
+	}
+	if a.log == nil {
+		a.log = slog.Default()
+	}
+	if a.ready == nil {
+		a.ready = reg.Ping
+	}
+	m := a.mux
+	m.HandleFunc("POST /v1/tasks/{subject}/{scope}/runs", a.submit)
+	m.HandleFunc("GET /v1/tasks/{subject}/{scope}", a.get)
+	m.HandleFunc("POST /v1/tasks/{subject}/{scope}/cancel", a.cancel)
+	m.HandleFunc("GET /v1/tasks/{subject}/{scope}/history", a.history)
+	m.HandleFunc("GET /v1/tasks", a.list)
+	m.HandleFunc("POST /v1/hooks/foreground", a.foreground)
+	m.HandleFunc("GET "+eventsPath, a.events)
+	m.HandleFunc("GET /healthz", a.healthz)
+	m.HandleFunc("GET /readyz", a.readyz)
+	if a.metrics != nil {
+		m.Handle("GET /metrics", a.metrics)
+	}
+	m.HandleFunc("GET /{$}", serveDashboard)
+	return a
+}
+
+// ServeHTTP applies what every route shares: deadlines, authentication,
+// JSON 404/405 and the access log.
+func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	rec := &recorder{ResponseWriter: w}
+	defer func() {
+		if a.log.Enabled(r.Context(), slog.LevelDebug) {
+			// The path only: the query of /v1/events may carry the token.
+			a.log.LogAttrs(r.Context(), slog.LevelDebug, "http",
+				slog.String("method", r.Method), slog.String("path", r.URL.Path),
+				slog.Int("status", rec.statusOr200()), slog.Duration("duration", time.Since(start)))
+		}
+	}()
+	rec.Header().Set("X-Content-Type-Options", "nosniff")
+
+	if r.URL.Path != eventsPath {
+		// http.Server.WriteTimeout must stay 0 for SSE, so the other routes
+		// get their bound here: a context deadline for the work and a write
+		// deadline for slow readers. Errors mean the writer cannot set
+		// deadlines (e.g. a test recorder), where there is nothing to bound.
+		ctx, cancel := context.WithTimeout(r.Context(), a.set.requestTimeout)
+		defer cancel()
+		r = r.WithContext(ctx)
+		_ = http.NewResponseController(rec).SetWriteDeadline(time.Now().Add(a.set.requestTimeout + a.set.writeGrace))
+	}
+
+	if a.token && (r.URL.Path == "/v1" || strings.HasPrefix(r.URL.Path, "/v1/")) && !a.authorized(r) {
+		// Checked before routing so unknown /v1 routes do not reveal which
+		// routes exist.
+		rec.Header().Set("WWW-Authenticate", `Bearer realm="tasklease"`)
+		writeError(rec, http.StatusUnauthorized, "unauthorized", "missing or wrong bearer token")
+		return
+	}
+
+	if _, pattern := a.mux.Handler(r); pattern == "" {
+		a.noRoute(rec, r)
+		return
+	}
+	a.mux.ServeHTTP(rec, r)
+}
+
+// noRoute answers what the mux would (404, or 405 with its Allow header)
+// in the API's JSON error shape.
+func (a *api) noRoute(w http.ResponseWriter, r *http.Request) {
+	h, _ := a.mux.Handler(r)
+	probe := &headerProbe{header: http.Header{}}
+	h.ServeHTTP(probe, r)
+	if probe.status == http.StatusMethodNotAllowed {
+		if allow := probe.header.Get("Allow"); allow != "" {
+			w.Header().Set("Allow", allow)
+		}
+		writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("method %s not allowed on %s", r.Method, r.URL.Path))
+		return
+	}
+	writeError(w, http.StatusNotFound, "not_found", "no route "+r.URL.Path)
+}
+
+// authorized checks the bearer token. Both sides are hashed first so the
+// constant-time comparison does not leak the token's length either.
+func (a *api) authorized(r *http.Request) bool {
+	var got string
+	if scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " "); ok && strings.EqualFold(scheme, "Bearer") {
+		got = strings.TrimSpace(tok)
+	} else if r.URL.Path == eventsPath {
+		got = r.URL.Query().Get("access_token")
+	}
+	if got == "" {
+		return false
+	}
+	sum := sha256.Sum256([]byte(got))
+	return subtle.ConstantTimeCompare(sum[:], a.tokenSum[:]) == 1
+}
+
+// NewServer returns an http.Server for h with timeouts suited to the API:
+// ReadHeaderTimeout 5s, ReadTimeout 30s, IdleTimeout 120s, MaxHeaderBytes
+// 64 KiB, and WriteTimeout 0 because the SSE feed is a response that never
+// ends. Non-SSE routes are bounded per request by the handler from New
+// (context deadline plus write deadline, RequestTimeout), not by
+// http.TimeoutHandler, which would buffer responses and break flushing.
+//
+// Shutdown ends open SSE streams (through a channel in the server's base
+// context), so a graceful shutdown does not wait for dashboards to close.
+func NewServer(addr string, h http.Handler) *http.Server {
+	shut := make(chan struct{})
+	srv := &http.Server{
+		Addr:              addr,
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      0,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		BaseContext: func(net.Listener) context.Context {
+			return context.WithValue(context.Background(), shutdownKey{}, (<-chan struct{})(shut))
+		},
+	}
+	// RegisterOnShutdown funcs run on every Shutdown call (in their own
+	// goroutines); closing twice would panic.
+	var once sync.Once
+	srv.RegisterOnShutdown(func() { once.Do(func() { close(shut) }) })
+	return srv
+}
+
+// shutdownKey carries NewServer's shutdown channel in request contexts.
+type shutdownKey struct{}
+
+func shutdownChan(ctx context.Context) <-chan struct{} {
+	ch, _ := ctx.Value(shutdownKey{}).(<-chan struct{})
+	return ch // nil (blocks forever) outside NewServer
+}
+
+// errorBody is the API's error shape.
+type errorBody struct {
+	Error errorDetail `json:"error"`
+}
+
+type errorDetail struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// badRequest is an input error found by the handler itself.
+type badRequest struct{ msg string }
+
+func (e *badRequest) Error() string { return e.msg }
+
+func badRequestf(format string, args ...any) error {
+	return &badRequest{msg: fmt.Sprintf(format, args...)}
+}
+
+// fail maps err to the API's status and code. Anything untyped is a Redis
+// failure (the registry validates input before talking to Redis), so it is
+// 503 and logged with its detail, which the client does not get.
+func (a *api) fail(w http.ResponseWriter, r *http.Request, err error) {
+	var (
+		br  *badRequest
+		mbe *http.MaxBytesError
+	)
+	switch {
+	case errors.As(err, &mbe):
+		writeError(w, http.StatusRequestEntityTooLarge, "payload_too_large", fmt.Sprintf("body larger than %d bytes", mbe.Limit))
+	case errors.As(err, &br), errors.Is(err, taskkey.ErrInvalid),
+		errors.Is(err, jobs.ErrInvalidSource), errors.Is(err, jobs.ErrInvalidPolicy), errors.Is(err, jobs.ErrInvalidStatus):
+		writeError(w, http.StatusBadRequest, "bad_request", err.Error())
+	case errors.Is(err, jobs.ErrUnknownScope), errors.Is(err, jobs.ErrNotFound):
+		writeError(w, http.StatusNotFound, "not_found", err.Error())
+	default:
+		level := slog.LevelError
+		if r.Context().Err() != nil && errors.Is(context.Cause(r.Context()), context.Canceled) {
+			level = slog.LevelDebug // the client went away; nothing is wrong with Redis
+		}
+		a.log.LogAttrs(r.Context(), level, "http: redis unavailable",
+			slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("error", err))
+		writeError(w, http.StatusServiceUnavailable, "unavailable", "redis unavailable")
+	}
+}
+
+func writeError(w http.ResponseWriter, status int, code, msg string) {
+	writeJSON(w, status, errorBody{Error: errorDetail{Code: code, Message: msg}})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil { // only if a type cannot marshal: a bug, not input
+		status = http.StatusInternalServerError
+		b = []byte(`{"error":{"code":"internal","message":"cannot encode response"}}`)
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+// recorder remembers the status for the access log. Unwrap lets
+// http.ResponseController reach the connection (deadlines, flushing).
+type recorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (r *recorder) WriteHeader(code int) {
+	if r.status == 0 {
+		r.status = code
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+	return r.ResponseWriter.Write(b)
+}
+
+// Flush serves handlers that type-assert http.Flusher instead of using
+// http.ResponseController.
+func (r *recorder) Flush() {
+	_ = http.NewResponseController(r.ResponseWriter).Flush()
+}
+
+func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+func (r *recorder) statusOr200() int {
+	if r.status == 0 {
+		return http.StatusOK
+	}
+	return r.status
+}
+
+// headerProbe captures the status and headers the mux's own 404/405
+// handlers would send, discarding their text body.
+type headerProbe struct {
+	header http.Header
+	status int
+}
+
+func (p *headerProbe) Header() http.Header         { return p.header }
+func (p *headerProbe) Write(b []byte) (int, error) { return len(b), nil }
+func (p *headerProbe) WriteHeader(code int)        { p.status = code }
