@@ -167,6 +167,12 @@ func (r *Runner) Run(ctx context.Context) error {
 	if err := r.ensureGroups(ctx); err != nil {
 		return err
 	}
+	// Subscribe before taking work: a cancel published in between would
+	// otherwise only be seen at the next heartbeat.
+	cancels, err := r.subscribeCancels(ctx)
+	if err != nil {
+		return err
+	}
 	r.workCtx, r.workCancel = context.WithCancelCause(context.WithoutCancel(ctx))
 	defer r.workCancel(nil)
 
@@ -176,7 +182,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	loops.Go(func() { r.every(ctx, r.cfg.ReclaimInterval, r.reclaimAll) })
 	loops.Go(func() { r.every(ctx, r.cfg.RetryPoll, r.moveRetries) })
-	loops.Go(func() { r.cancelListener(ctx) })
+	loops.Go(func() { r.cancelListener(ctx, cancels) })
 	r.log.Info("runner started", slog.Int("concurrency", r.cfg.Concurrency), slog.Int("partitions", r.reg.ks.Partitions()))
 	<-ctx.Done()
 	loops.Wait()
@@ -377,14 +383,24 @@ func (r *Runner) moveRetries(ctx context.Context) {
 	}
 }
 
-// cancelListener stops local runs as soon as their cancel is published.
-// Missed messages are covered by the heartbeat, which returns the flag.
-func (r *Runner) cancelListener(ctx context.Context) {
+// subscribeCancels subscribes to every partition's cancel channel and
+// waits for Redis to confirm.
+func (r *Runner) subscribeCancels(ctx context.Context) (*redis.PubSub, error) {
 	chans := make([]string, r.reg.ks.Partitions())
 	for p := range chans {
 		chans[p] = r.reg.ks.Cancels(p)
 	}
 	ps := r.reg.rdb.Subscribe(ctx, chans...)
+	if _, err := ps.Receive(ctx); err != nil {
+		ps.Close()
+		return nil, fmt.Errorf("jobs: subscribe to cancels: %w", err)
+	}
+	return ps, nil
+}
+
+// cancelListener stops local runs as soon as their cancel is published.
+// Missed messages are covered by the heartbeat, which returns the flag.
+func (r *Runner) cancelListener(ctx context.Context, ps *redis.PubSub) {
 	defer ps.Close()
 	msgs := ps.Channel()
 	for {
