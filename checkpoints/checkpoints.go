@@ -179,7 +179,7 @@ func validStage(s string) bool {
 // Begin hands key's run record to the holder of lease, for run runID with
 // the given stages, and returns the checkpoint to continue from. A record of
 // another run starts fresh; the same run keeps its completed stages and
-// cursor, so Decide(cp) resumes it. Attempt is incremented.
+// cursor, so Decide(cp) resumes it. Attempt is incremented. One round trip.
 func (s *Store) Begin(ctx context.Context, lease leasing.Lease, runID string, stages []string) (*Checkpoint, error) {
 	if err := ValidateStages(stages); err != nil {
 		return nil, err
@@ -196,10 +196,21 @@ func (s *Store) Begin(ctx context.Context, lease leasing.Lease, runID string, st
 	if err != nil {
 		return nil, fmt.Errorf("checkpoints: begin %s: %w", k, err)
 	}
-	if len(res) == 0 || res[0] != int64(1) {
+	if len(res) != 8 || res[0] != int64(1) {
 		return nil, fmt.Errorf("checkpoints: begin %s token %d: %w", k, lease.Token, leasing.ErrNotHeld)
 	}
-	return s.Load(ctx, k)
+	// Built from the script's reply: one round trip, and exactly what this
+	// holder was handed.
+	str := func(i int) string { v, _ := res[i].(string); return v }
+	cp := &Checkpoint{RunID: runID, Stage: str(2), Owner: lease.Owner, Token: lease.Token,
+		StartedAt: MillisTime(str(6)), UpdatedAt: MillisTime(str(7))}
+	cp.Completed = int(res[1].(int64))
+	cp.Attempt = int(res[4].(int64))
+	if c := str(3); c != "" {
+		cp.Cursor = []byte(c)
+	}
+	cp.Stages = strings.Split(str(5), ",")
+	return cp, nil
 }
 
 // Advance marks stage done for the lease holder's run and returns the next

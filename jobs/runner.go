@@ -56,8 +56,8 @@ type RunnerConfig struct {
 	// FetchBatch bounds the entries read per stream read (default 16).
 	FetchBatch int
 	// ReclaimInterval: how often crashed runners' entries are reclaimed
-	// (default min(LeaseTTL/4, 1s)); a crashed run is taken over within
-	// LeaseTTL + ReclaimInterval.
+	// (default min(LeaseTTL/4, 1s)); a crashed run is taken over within its
+	// lease TTL + ReclaimInterval.
 	ReclaimInterval time.Duration
 	// RetryPoll: how often due retries are moved back to the streams
 	// (default 500ms).
@@ -111,7 +111,10 @@ type Runner struct {
 	reg   *Registry
 	cfg   RunnerConfig
 	owner string
-	log   *slog.Logger
+	// reclaimIdle: entries idle this long are re-examined by claim; the
+	// shortest lease TTL of any job, so no expired lease waits for longer.
+	reclaimIdle time.Duration
+	log         *slog.Logger
 	slots chan struct{}
 
 	workCtx    context.Context // runs; cancelled with ErrShutdown after the grace
@@ -130,15 +133,17 @@ func NewRunner(reg *Registry, cfg RunnerConfig) (*Runner, error) {
 	if err := cfg.normalize(); err != nil {
 		return nil, err
 	}
+	reclaimIdle := cfg.LeaseTTL
 	for _, j := range reg.jobs {
 		ttl := cmp0(j.LeaseTTL, cfg.LeaseTTL)
+		reclaimIdle = min(reclaimIdle, ttl)
 		if err := (leasing.KeeperConfig{TTL: ttl}).Validate(); err != nil {
 			return nil, fmt.Errorf("job %s: %w", j.Scope, err)
 		}
 	}
 	owner := cfg.ID + "/" + newRunID()[:6]
 	return &Runner{
-		reg: reg, cfg: cfg, owner: owner,
+		reg: reg, cfg: cfg, owner: owner, reclaimIdle: reclaimIdle,
 		log:    reg.log.With(slog.String("owner", owner)),
 		slots:  make(chan struct{}, cfg.Concurrency),
 		active: make(map[string]context.CancelCauseFunc),
@@ -355,7 +360,7 @@ func (r *Runner) reclaimAll(ctx context.Context) {
 		}
 		msgs, _, err := r.reg.rdb.XAutoClaim(ctx, &redis.XAutoClaimArgs{
 			Stream: r.reg.ks.Requests(p), Group: keyspace.Group, Consumer: r.owner,
-			MinIdle: r.cfg.LeaseTTL, Start: "0-0", Count: int64(n),
+			MinIdle: r.reclaimIdle, Start: "0-0", Count: int64(n),
 		}).Result()
 		if err != nil && !errors.Is(err, redis.Nil) {
 			r.release(n)
@@ -438,7 +443,7 @@ func (r *Runner) claim(ctx context.Context, k taskkey.Key, p int, m redis.XMessa
 	res, err := r.reg.scripts.claim.Run(ctx, r.reg.rdb,
 		[]string{ks.Task(k), ks.Lease(k), ks.Fence(k), ks.Requests(p), ks.History(k), ks.Index(p)},
 		m.ID, runID, source, r.owner, ttl.Milliseconds(), keyspace.Group, r.reg.histCap,
-		ks.Events(p), r.reg.retention.Milliseconds(), r.cfg.LeaseTTL.Milliseconds(), newRunID()).Slice()
+		ks.Events(p), r.reg.retention.Milliseconds(), r.reclaimIdle.Milliseconds(), newRunID()).Slice()
 	if err != nil {
 		return claimResult{}, err
 	}

@@ -135,8 +135,8 @@ func (k *Keeper) lose(cause error) {
 	k.mu.Lock()
 	k.err = err
 	k.mu.Unlock()
+	k.cancel(err) // stop the work first: whoever sees Lost() also sees Context() done
 	close(k.lost)
-	k.cancel(err)
 }
 
 func (k *Keeper) loop(grantedAt time.Time) {

@@ -183,10 +183,15 @@ func (m *Manager) Release(ctx context.Context, lease Lease) error {
 }
 
 // Keep starts a Keeper that renews lease with Manager.Renew. cfg.TTL
-// defaults to lease.TTL; cfg.Renew must be nil.
+// defaults to (and must equal) lease.TTL; cfg.Renew must be nil.
 func (m *Manager) Keep(ctx context.Context, lease Lease, cfg KeeperConfig) (*Keeper, error) {
-	if cfg.TTL == 0 {
+	switch {
+	case cfg.TTL == 0:
 		cfg.TTL = lease.TTL
+	case cfg.TTL != lease.TTL:
+		// Renew extends by lease.TTL; another keeper TTL would misplace the
+		// give-up deadline.
+		return nil, fmt.Errorf("%w: keeper TTL %s differs from the lease TTL %s", ErrConfig, cfg.TTL, lease.TTL)
 	}
 	if cfg.Renew != nil {
 		return nil, fmt.Errorf("%w: Keep supplies Renew itself", ErrConfig)

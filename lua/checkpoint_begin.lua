@@ -4,11 +4,13 @@
 -- ARGV[1] owner   ARGV[2] token   ARGV[3] runId   ARGV[4] stages (comma list)
 -- ARGV[5] history cap   ARGV[6] events channel
 -- ARGV[7] task key   ARGV[8] subject   ARGV[9] scope
--- returns {1, done, stage, cursor, attempt}   or {0} when the lease is not held
+-- returns {1, done, stage, cursor, attempt, stages, startedAt, updatedAt}
+--         {0} when the lease is not held
 if not lease_held(KEYS[1], ARGV[1], ARGV[2]) then return {0} end
 local now = now_ms()
 redis.call('HSET', KEYS[2], 'key', ARGV[7], 'subject', ARGV[8], 'scope', ARGV[9])
 local done, stage, cursor, attempt = cp_begin(KEYS[2], ARGV[3], ARGV[4], ARGV[1], ARGV[2], now)
 hist_add(KEYS[3], ARGV[5], now, 'started', ARGV[3], {'stage', stage, 'owner', ARGV[1], 'fencingToken', ARGV[2]})
 publish_view(KEYS[2], ARGV[6])
-return {1, done, stage, cursor, attempt}
+local rec = redis.call('HMGET', KEYS[2], 'stages', 'startedAt', 'updatedAt')
+return {1, done, stage, cursor, attempt, rec[1], rec[2], rec[3]}

@@ -60,14 +60,15 @@ local token = lease_grant(lease_key, KEYS[3], owner, ARGV[5])
 local done, stage, cursor, attempt_now = cp_begin(task, run_id, rec[10], owner, token, now)
 local sources = add_source(rec[9], source)
 redis.call('HSET', task, 'entry', entry_id, 'sources', sources)
+-- 'recovered' is reserved for crash recovery (the lease expired while
+-- running); a retry or a handed-back run is 'started' again, with its
+-- recovery mode as the outcome.
 local ev = {'source', source, 'stage', stage, 'owner', owner, 'fencingToken', token}
-if status == 'queued' then
-  hist_add(hist, cap, now, 'started', run_id, ev)
-else
+if attempt_now > 1 or done > 0 or cursor ~= '' then
   ev[#ev + 1] = 'outcome'
   ev[#ev + 1] = recovery_mode(done, cursor, #split(rec[10], ','))
-  hist_add(hist, cap, now, 'recovered', run_id, ev)
 end
+hist_add(hist, cap, now, status == 'running' and 'recovered' or 'started', run_id, ev)
 publish_view(task, ARGV[8])
 local started = redis.call('HGET', task, 'startedAt')
 return {'granted', token, done, cursor, attempt_now, rec[10], sources, started, status}

@@ -3,11 +3,14 @@ package lua
 import (
 	"context"
 	"io/fs"
+	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/tasklease/tasklease/internal/redistest"
 )
+
+var argRef = regexp.MustCompile(`(KEYS|ARGV)\[[0-9]+\]`)
 
 // scriptNames lists every embedded script except lib.lua.
 func scriptNames(t *testing.T) []string {
@@ -57,6 +60,13 @@ func TestScriptHeaders(t *testing.T) {
 		for _, word := range []string{"KEYS", "ARGV", "returns"} {
 			if !strings.Contains(h, word) {
 				t.Errorf("%s.lua: header lacks %q:\n%s", name, word, h)
+			}
+		}
+		// Every KEYS[n] and ARGV[n] the body uses is documented.
+		code := strings.TrimPrefix(string(body), h)
+		for _, ref := range argRef.FindAllString(code, -1) {
+			if !strings.Contains(h, ref) {
+				t.Errorf("%s.lua: uses %s, which the header does not document", name, ref)
 			}
 		}
 	}
