@@ -115,7 +115,7 @@ type Runner struct {
 	// shortest lease TTL of any job, so no expired lease waits for longer.
 	reclaimIdle time.Duration
 	log         *slog.Logger
-	slots chan struct{}
+	slots       chan struct{}
 
 	workCtx    context.Context // runs; cancelled with ErrShutdown after the grace
 	workCancel context.CancelCauseFunc
