@@ -209,24 +209,6 @@ func mpReadChildLog(t *testing.T, path string) []mpChildEntry {
 	return out
 }
 
-// mpLockedBuffer collects the child's output.
-type mpLockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *mpLockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *mpLockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 func TestMultiProcessTakeover(t *testing.T) {
 	s := redistest.StartServer(t)
 	const prefix = "mp-takeover"
@@ -239,7 +221,7 @@ func TestMultiProcessTakeover(t *testing.T) {
 	cmd.Env = append(os.Environ(),
 		mpEnvHelper+"=1", mpEnvAddr+"="+s.Addr(), mpEnvPrefix+"="+prefix,
 		mpEnvSpecial+"="+special, mpEnvMarker+"="+marker, mpEnvLog+"="+childLog, mpEnvBehaviour+"=block")
-	out := &mpLockedBuffer{}
+	out := &redistest.LogBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	// Own process group, and SIGKILL from the kernel if this process dies:
 	// the child never outlives the test.

@@ -92,27 +92,27 @@ func requireBinary(t testing.TB, name string) string {
 	return path
 }
 
-// logBuffer collects a process's stdout/stderr. It is locked because
+// LogBuffer collects a process's stdout/stderr. It is locked because
 // os/exec copies output from its own goroutine while tests read it.
-type logBuffer struct {
+type LogBuffer struct {
 	mu  sync.Mutex
 	buf bytes.Buffer
 }
 
-func (b *logBuffer) Write(p []byte) (int, error) {
+func (b *LogBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.Write(p)
 }
 
-func (b *logBuffer) String() string {
+func (b *LogBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
 
 // since returns what was written after offset, to inspect one launch only.
-func (b *logBuffer) since(offset int) string {
+func (b *LogBuffer) since(offset int) string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if offset > b.buf.Len() {
@@ -121,7 +121,7 @@ func (b *logBuffer) since(offset int) string {
 	return string(b.buf.Bytes()[offset:])
 }
 
-func (b *logBuffer) Len() int {
+func (b *LogBuffer) Len() int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.Len()
@@ -137,7 +137,7 @@ type Server struct {
 	bin       string
 	dir       string
 	extraArgs func(port int) []string // cluster flags; nil for a plain server
-	log       *logBuffer
+	log       *LogBuffer
 
 	mu     sync.Mutex // serialises lifecycle calls from test goroutines
 	port   int
@@ -159,7 +159,7 @@ func StartServer(t testing.TB) *Server {
 }
 
 func newServer(t testing.TB, bin, dir string, extraArgs func(int) []string) *Server {
-	s := &Server{bin: bin, dir: dir, extraArgs: extraArgs, log: &logBuffer{}}
+	s := &Server{bin: bin, dir: dir, extraArgs: extraArgs, log: &LogBuffer{}}
 	t.Cleanup(func() {
 		s.Stop()
 		// The server log is the first thing one wants when a test against
