@@ -121,10 +121,13 @@ func cmdClient(ctx context.Context, cmd string, args []string, stdout, stderr io
 		want = 0
 	}
 	if len(pos) != want {
+		if want == 0 {
+			return fail(exitUsage, "%s takes no arguments, got %q", cmd, pos)
+		}
 		return fail(exitUsage, "%s wants %d arguments (SUBJECT SCOPE), got %d", cmd, want, len(pos))
 	}
-	if _, err := url.ParseRequestURI(*server); err != nil {
-		return fail(exitUsage, "--server: %w", err)
+	if u, err := url.Parse(*server); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fail(exitUsage, "--server %q: want an http:// or https:// URL such as %s", *server, serverDefault)
 	}
 	c := &client{base: strings.TrimRight(*server, "/"), token: os.Getenv("TASKLEASE_TOKEN"),
 		http: &http.Client{Timeout: 30 * time.Second}}
@@ -152,7 +155,16 @@ func cmdClient(ctx context.Context, cmd string, args []string, stdout, stderr io
 		if !*wait {
 			return nil
 		}
-		return c.wait(ctx, pos[0], pos[1], res, stdout)
+		last := ""
+		show := func(v jobs.TaskView) { // one line (or JSON value) per visible change
+			line := describe(v)
+			if line == last {
+				return
+			}
+			last = line
+			print(v, func() { fmt.Fprintln(stdout, line) })
+		}
+		return c.wait(ctx, pos[0], pos[1], res, show)
 	case "status":
 		var v jobs.TaskView
 		if err := c.do(ctx, http.MethodGet, taskPath(pos[0], pos[1]), nil, &v); err != nil {
@@ -270,11 +282,13 @@ func describe(v jobs.TaskView) string {
 
 // wait follows the run a submit created or joined until it ends, printing
 // each change; exit 1 unless it ends done.
-func (c *client) wait(ctx context.Context, subject, scope string, res jobs.SubmitResult, stdout io.Writer) error {
+func (c *client) wait(ctx context.Context, subject, scope string, res jobs.SubmitResult, show func(jobs.TaskView)) error {
 	switch res.Outcome {
 	case jobs.OutcomeSkipped, jobs.OutcomeThrottled:
 		return nil
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // ends the event stream and its goroutine
 	// For queued and replaced the run to follow is the next one.
 	first := res.Task.RunID
 	followNext := res.Outcome == jobs.OutcomeQueued || res.Outcome == jobs.OutcomeReplaced
@@ -285,6 +299,12 @@ func (c *client) wait(ctx context.Context, subject, scope string, res jobs.Submi
 		return v.RunID == first
 	}
 	finished := func(v jobs.TaskView) (bool, error) {
+		if !followNext && v.RunID != "" && v.RunID != first {
+			// A newer run took our run's place in the record (the view of
+			// its end came before the stream, or was dropped): ours has
+			// ended, and the history says how.
+			return true, c.ended(ctx, subject, scope, first)
+		}
 		if !isTarget(v) || v.Status.Active() || v.Status == jobs.StatusIdle {
 			return false, nil
 		}
@@ -299,14 +319,6 @@ func (c *client) wait(ctx context.Context, subject, scope string, res jobs.Submi
 	var v jobs.TaskView // the stream is connected (or failed); catch up on what happened before
 	if err := c.do(ctx, http.MethodGet, taskPath(subject, scope), nil, &v); err != nil {
 		return err
-	}
-	last := ""
-	show := func(v jobs.TaskView) {
-		line := describe(v)
-		if line != last {
-			fmt.Fprintln(stdout, line)
-			last = line
-		}
 	}
 	show(v)
 	if ok, err := finished(v); ok {
@@ -328,6 +340,29 @@ func (c *client) wait(ctx context.Context, subject, scope string, res jobs.Submi
 			}
 		}
 	}
+}
+
+// ended reports how run runID of a task ended, from the task's history: nil
+// when it ended done, exit 1 otherwise.
+func (c *client) ended(ctx context.Context, subject, scope, runID string) error {
+	var out struct {
+		Events []jobs.Event `json:"events"`
+	}
+	if err := c.do(ctx, http.MethodGet, taskPath(subject, scope)+"/history", nil, &out); err != nil {
+		return err
+	}
+	for _, e := range out.Events { // newest first
+		if e.RunID != runID {
+			continue
+		}
+		switch jobs.Status(e.Event) {
+		case jobs.StatusDone:
+			return nil
+		case jobs.StatusFailed, jobs.StatusCancelled:
+			return &exitError{code: exitRunFailed, err: fmt.Errorf("run %s ended %s: %s", runID, e.Event, e.Error)}
+		}
+	}
+	return &exitError{code: exitRunFailed, err: fmt.Errorf("run %s ended; its result is no longer in the task's history", runID)}
 }
 
 // events streams TaskViews from /v1/events. It returns once the stream is

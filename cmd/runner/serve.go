@@ -29,6 +29,9 @@ import (
 // exiting 3: long enough for a compose stack to come up.
 const redisWaitDefault = 10 * time.Second
 
+// redisWait is redisWaitDefault; tests shorten it.
+var redisWait = redisWaitDefault
+
 func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -84,7 +87,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, ready func
 		rdb = redis.NewUniversalClient(cfg.RedisOptions())
 	}
 	defer rdb.Close()
-	if err := waitRedis(ctx, rdb, redisWaitDefault); err != nil {
+	if err := waitRedis(ctx, rdb, redisWait); err != nil {
 		return fail(exitUnreachable, "redis unreachable: %w", err)
 	}
 
