@@ -121,7 +121,7 @@ type Runner struct {
 	workCancel context.CancelCauseFunc
 
 	mu     sync.Mutex
-	active map[string]context.CancelCauseFunc // task key → its run's cancel
+	active map[string]map[*context.CancelCauseFunc]struct{} // task key → cancels of local claims/runs
 	wg     sync.WaitGroup
 }
 
@@ -146,7 +146,7 @@ func NewRunner(reg *Registry, cfg RunnerConfig) (*Runner, error) {
 		reg: reg, cfg: cfg, owner: owner, reclaimIdle: reclaimIdle,
 		log:    reg.log.With(slog.String("owner", owner)),
 		slots:  make(chan struct{}, cfg.Concurrency),
-		active: make(map[string]context.CancelCauseFunc),
+		active: make(map[string]map[*context.CancelCauseFunc]struct{}),
 	}, nil
 }
 
@@ -417,12 +417,32 @@ func (r *Runner) cancelListener(ctx context.Context, ps *redis.PubSub) {
 				return
 			}
 			r.mu.Lock()
-			cancel := r.active[m.Payload]
-			r.mu.Unlock()
-			if cancel != nil {
-				cancel(ErrCancelled)
+			for cancel := range r.active[m.Payload] {
+				(*cancel)(ErrCancelled)
 			}
+			r.mu.Unlock()
 		}
+	}
+}
+
+// track registers cancel for key's cancel messages until the returned
+// func is called. It is registered before the claim, so a cancel published
+// between the claim and the first stage is not missed.
+func (r *Runner) track(key string, cancel context.CancelCauseFunc) (untrack func()) {
+	h := &cancel
+	r.mu.Lock()
+	if r.active[key] == nil {
+		r.active[key] = make(map[*context.CancelCauseFunc]struct{})
+	}
+	r.active[key][h] = struct{}{}
+	r.mu.Unlock()
+	return func() {
+		r.mu.Lock()
+		delete(r.active[key], h)
+		if len(r.active[key]) == 0 {
+			delete(r.active, key)
+		}
+		r.mu.Unlock()
 	}
 }
 
@@ -506,6 +526,9 @@ func (r *Runner) process(p int, m redis.XMessage) {
 		r.log.Warn("request for a scope this runner does not know", slog.String("task_key", k.String()))
 		return
 	}
+	runCtx, cancelRun := context.WithCancelCause(r.workCtx)
+	defer cancelRun(nil)
+	defer r.track(k.String(), cancelRun)()
 	ttl := cmp0(job.LeaseTTL, r.cfg.LeaseTTL)
 	sent := time.Now()
 	c, err := r.claim(ctx, k, p, m, runID, source, ttl)
@@ -519,10 +542,12 @@ func (r *Runner) process(p int, m redis.XMessage) {
 		return
 	}
 	lease := leasing.Lease{Key: k, Owner: r.owner, Token: c.token, TTL: ttl, GrantedAt: sent}
-	r.execute(job, p, m.ID, runID, Source(source), lease, c)
+	r.execute(runCtx, cancelRun, job, p, m.ID, runID, Source(source), lease, c)
 }
 
-func (r *Runner) execute(job *Job, p int, entryID, runID string, source Source, lease leasing.Lease, c claimResult) {
+// execute runs a granted attempt under runCtx (cancelled by cancelRun on a
+// registry cancel).
+func (r *Runner) execute(runCtx context.Context, cancelRun context.CancelCauseFunc, job *Job, p int, entryID, runID string, source Source, lease leasing.Lease, c claimResult) {
 	k := lease.Key
 	log := r.log.With(slog.String("task_key", k.String()), slog.String("run_id", runID),
 		slog.String("source", string(source)), slog.Int("attempt", c.attempt), slog.Int64("fencing_token", lease.Token))
@@ -537,17 +562,6 @@ func (r *Runner) execute(job *Job, p int, entryID, runID string, source Source, 
 		m.takeovers.WithLabelValues(k.Scope(), string(rec.Mode)).Inc()
 		log.Info("recovered run", slog.String("outcome", string(rec.Mode)))
 	}
-
-	runCtx, cancelRun := context.WithCancelCause(r.workCtx)
-	defer cancelRun(nil)
-	r.mu.Lock()
-	r.active[k.String()] = cancelRun
-	r.mu.Unlock()
-	defer func() {
-		r.mu.Lock()
-		delete(r.active, k.String())
-		r.mu.Unlock()
-	}()
 
 	ks := r.reg.ks
 	keeper, err := leasing.NewKeeper(runCtx, lease.GrantedAt, leasing.KeeperConfig{TTL: lease.TTL,
