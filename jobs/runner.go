@@ -593,6 +593,10 @@ func (r *Runner) execute(runCtx context.Context, cancelRun context.CancelCauseFu
 
 	result, completed, stageErr := resultDone, "", error(nil)
 	for i := rec.StageIndex; i < len(c.stages); i++ {
+		if kctx.Err() != nil { // cancelled, shut down or lease lost since the last stage
+			result, stageErr = r.classify(kctx, context.Cause(kctx))
+			break
+		}
 		name := c.stages[i]
 		st := job.stage(name)
 		if st == nil {
