@@ -190,7 +190,7 @@ func (s *Store) Begin(ctx context.Context, lease leasing.Lease, runID string, st
 	k := lease.Key
 	p := s.ks.Partition(k)
 	res, err := s.begin.Run(ctx, s.rdb,
-		[]string{s.ks.Lease(k), s.ks.Task(k), s.ks.History(k)},
+		[]string{s.ks.Lease(k), s.ks.Task(k), s.ks.History(k), s.ks.Watch(p)},
 		lease.Owner, lease.Token, runID, strings.Join(stages, ","), s.histCap, s.ks.Events(p),
 		k.String(), k.Subject(), k.Scope()).Slice()
 	if err != nil {
@@ -219,7 +219,7 @@ func (s *Store) Begin(ctx context.Context, lease leasing.Lease, runID string, st
 func (s *Store) Advance(ctx context.Context, lease leasing.Lease, runID, stage string) (next string, err error) {
 	k := lease.Key
 	res, err := s.advance.Run(ctx, s.rdb,
-		[]string{s.ks.Lease(k), s.ks.Task(k), s.ks.History(k)},
+		[]string{s.ks.Lease(k), s.ks.Task(k), s.ks.History(k), s.ks.Watch(s.ks.Partition(k))},
 		lease.Owner, lease.Token, runID, stage, s.histCap, s.ks.Events(s.ks.Partition(k))).Slice()
 	if err != nil {
 		return "", fmt.Errorf("checkpoints: advance %s: %w", k, err)
@@ -239,7 +239,7 @@ func (s *Store) Advance(ctx context.Context, lease leasing.Lease, runID, stage s
 func (s *Store) SaveProgress(ctx context.Context, lease leasing.Lease, runID string, cursor []byte) error {
 	k := lease.Key
 	n, err := s.progress.Run(ctx, s.rdb,
-		[]string{s.ks.Lease(k), s.ks.Task(k), s.ks.History(k)},
+		[]string{s.ks.Lease(k), s.ks.Task(k), s.ks.History(k), s.ks.Watch(s.ks.Partition(k))},
 		lease.Owner, lease.Token, runID, cursor, s.histCap, s.ks.Events(s.ks.Partition(k))).Int()
 	if err != nil {
 		return fmt.Errorf("checkpoints: progress %s: %w", k, err)

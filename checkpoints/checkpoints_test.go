@@ -492,6 +492,10 @@ func TestHistoryCapAndEvents(t *testing.T) {
 			k := key(t, "course_sync")
 			lease := f.acquire(t, k, "pod-a", 10*time.Second)
 
+			// Views are published only while the partition's watch key exists.
+			if err := b.Client.Set(ctx, f.ks.Watch(f.ks.Partition(k)), "1", time.Minute).Err(); err != nil {
+				t.Fatal(err)
+			}
 			sub := b.Client.Subscribe(ctx, f.ks.Events(f.ks.Partition(k)))
 			defer sub.Close()
 			if _, err := sub.Receive(ctx); err != nil { // subscription confirmation

@@ -205,7 +205,7 @@ func (r *Registry) Submit(ctx context.Context, subject, scope string, opts Submi
 	}
 	p := r.ks.Partition(k)
 	res, err := r.scripts.submit.Run(ctx, r.rdb,
-		[]string{r.ks.Task(k), r.ks.Requests(p), r.ks.History(k), r.ks.Index(p), r.ks.Subjects(p, scope), r.ks.Retry(p)},
+		[]string{r.ks.Task(k), r.ks.Requests(p), r.ks.History(k), r.ks.Index(p), r.ks.Subjects(p, scope), r.ks.Retry(p), r.ks.Watch(p)},
 		k.String(), subject, string(opts.Source), string(opts.Policy), newRunID(),
 		strings.Join(job.StageNames(), ","), job.Retry.MaxAttempts, job.MinInterval.Milliseconds(),
 		r.histCap, r.ks.Events(p), r.ks.Cancels(p), keyspace.Group, r.retention.Milliseconds()).Slice()
@@ -402,7 +402,7 @@ func (r *Registry) Cancel(ctx context.Context, subject, scope string) (CancelOut
 	}
 	p := r.ks.Partition(k)
 	res, err := r.scripts.cancel.Run(ctx, r.rdb,
-		[]string{r.ks.Task(k), r.ks.Requests(p), r.ks.History(k), r.ks.Index(p), r.ks.Retry(p)},
+		[]string{r.ks.Task(k), r.ks.Requests(p), r.ks.History(k), r.ks.Index(p), r.ks.Retry(p), r.ks.Watch(p)},
 		keyspace.Group, r.histCap, r.ks.Events(p), r.ks.Cancels(p), r.retention.Milliseconds(), "registry").Text()
 	if err != nil {
 		return "", fmt.Errorf("jobs: cancel %s: %w", k, err)
@@ -476,6 +476,11 @@ func (r *Registry) Subscribe(ctx context.Context) (<-chan TaskView, error) {
 	for p := range chans {
 		chans[p] = r.ks.Events(p)
 	}
+	// Scripts publish views only while the watch keys exist: set them
+	// before subscribing and keep them alive while subscribed.
+	if err := r.watch(ctx); err != nil {
+		return nil, fmt.Errorf("jobs: subscribe: %w", err)
+	}
 	ps := r.rdb.Subscribe(ctx, chans...)
 	if _, err := ps.Receive(ctx); err != nil {
 		ps.Close()
@@ -486,10 +491,16 @@ func (r *Registry) Subscribe(ctx context.Context) (<-chan TaskView, error) {
 		defer close(out)
 		defer ps.Close()
 		msgs := ps.Channel(redis.WithChannelSize(256))
+		refresh := time.NewTicker(WatchTTL / 3)
+		defer refresh.Stop()
 		for {
 			select {
 			case <-ctx.Done():
 				return
+			case <-refresh.C:
+				if err := r.watch(ctx); err != nil && ctx.Err() == nil {
+					r.log.Warn("refreshing the event watch keys failed", slog.Any("error", err))
+				}
 			case m, ok := <-msgs:
 				if !ok {
 					return
@@ -507,6 +518,20 @@ func (r *Registry) Subscribe(ctx context.Context) (<-chan TaskView, error) {
 		}
 	}()
 	return out, nil
+}
+
+// WatchTTL is how long views keep being published after the last
+// subscriber stopped refreshing the watch keys.
+const WatchTTL = 30 * time.Second
+
+// watch (re)sets every partition's watch key for WatchTTL.
+func (r *Registry) watch(ctx context.Context) error {
+	pipe := r.rdb.Pipeline()
+	for p := range r.ks.Partitions() {
+		pipe.Set(ctx, r.ks.Watch(p), "1", WatchTTL)
+	}
+	_, err := pipe.Exec(ctx)
+	return err
 }
 
 func flatToMap(v any) map[string]string {

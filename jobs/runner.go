@@ -461,7 +461,7 @@ type claimResult struct {
 func (r *Runner) claim(ctx context.Context, k taskkey.Key, p int, m redis.XMessage, runID, source string, ttl time.Duration) (claimResult, error) {
 	ks := r.reg.ks
 	res, err := r.reg.scripts.claim.Run(ctx, r.reg.rdb,
-		[]string{ks.Task(k), ks.Lease(k), ks.Fence(k), ks.Requests(p), ks.History(k), ks.Index(p)},
+		[]string{ks.Task(k), ks.Lease(k), ks.Fence(k), ks.Requests(p), ks.History(k), ks.Index(p), ks.Watch(p)},
 		m.ID, runID, source, r.owner, ttl.Milliseconds(), keyspace.Group, r.reg.histCap,
 		ks.Events(p), r.reg.retention.Milliseconds(), r.reclaimIdle.Milliseconds(), newRunID()).Slice()
 	if err != nil {
@@ -699,7 +699,7 @@ func (r *Runner) finish(job *Job, p int, lease leasing.Lease, runID, result, com
 	ctx, cancel := context.WithTimeout(context.Background(), lease.TTL)
 	defer cancel()
 	res, err := r.reg.scripts.finish.Run(ctx, r.reg.rdb,
-		[]string{ks.Task(k), ks.Lease(k), ks.Requests(p), ks.History(k), ks.Index(p), ks.Retry(p)},
+		[]string{ks.Task(k), ks.Lease(k), ks.Requests(p), ks.History(k), ks.Index(p), ks.Retry(p), ks.Watch(p)},
 		lease.Owner, lease.Token, runID, result, completed, errText, delay.Milliseconds(), keyspace.Group,
 		r.reg.histCap, ks.Events(p), r.reg.retention.Milliseconds(), newRunID()).Slice()
 	if err != nil {

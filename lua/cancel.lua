@@ -4,6 +4,7 @@
 -- queued follow-up is dropped too: the user asked for the task to stop.
 -- KEYS[1] task record   KEYS[2] request stream   KEYS[3] history
 -- KEYS[4] partition index   KEYS[5] partition retry queue
+-- KEYS[6] partition watch key (views are published only while it exists)
 -- ARGV[1] group   ARGV[2] history cap   ARGV[3] events channel
 -- ARGV[4] cancel channel   ARGV[5] retention (ms)   ARGV[6] requester source
 -- returns 'cancelled' | 'cancelling' | 'not_running'
@@ -15,12 +16,12 @@ local now = now_ms()
 redis.call('HSET', task, 'followUp', '0', 'followUpSources', '')
 if status == 'running' then
   redis.call('HSET', task, 'cancel', '1', 'updatedAt', now)
-  publish_view(task, ARGV[3])
+  publish_view(task, ARGV[3], KEYS[6])
   redis.call('PUBLISH', ARGV[4], rec[3])
   return 'cancelling'
 end
 redis.call('ZREM', KEYS[5], rec[2] .. ' ' .. rec[3])
 finish_terminal({task = task, stream = KEYS[2], hist = KEYS[3], index = KEYS[4], group = ARGV[1], cap = ARGV[2],
   channel = ARGV[3], retention = ARGV[5], next_run_id = '', now = now}, 'cancelled', 'cancelled by ' .. ARGV[6])
-publish_view(task, ARGV[3])
+publish_view(task, ARGV[3], KEYS[6])
 return 'cancelled'

@@ -3,6 +3,7 @@
 -- lease (fence +1) and enters the first incomplete stage.
 -- KEYS[1] task record   KEYS[2] lease   KEYS[3] fence counter
 -- KEYS[4] request stream   KEYS[5] history   KEYS[6] partition index
+-- KEYS[7] partition watch key (views are published only while it exists)
 -- ARGV[1] entry id   ARGV[2] entry runId   ARGV[3] entry source
 -- ARGV[4] owner (and consumer name)   ARGV[5] lease ttl (ms)   ARGV[6] group
 -- ARGV[7] history cap   ARGV[8] events channel   ARGV[9] retention (ms)
@@ -41,7 +42,7 @@ if status == 'retrying' and tonumber(rec[4]) and tonumber(rec[4]) > now then
 end
 if rec[3] == '1' then
   finish_terminal(c, 'cancelled', 'cancelled')
-  publish_view(task, ARGV[8])
+  publish_view(task, ARGV[8], KEYS[7])
   return {'ack'}
 end
 local attempt, max_attempts = tonumber(rec[5]) or 0, tonumber(rec[6]) or 1
@@ -51,7 +52,7 @@ if status == 'running' then
   hist_add(hist, cap, now, 'lease-lost', run_id, {'owner', rec[7] or '', 'fencingToken', rec[8] or ''})
   if attempt >= max_attempts then
     finish_terminal(c, 'failed', 'lease expired on the last attempt (' .. attempt .. ' of ' .. max_attempts .. ')')
-    publish_view(task, ARGV[8])
+    publish_view(task, ARGV[8], KEYS[7])
     return {'ack'}
   end
 end
@@ -69,6 +70,6 @@ if attempt_now > 1 or done > 0 or cursor ~= '' then
   ev[#ev + 1] = recovery_mode(done, cursor, #split(rec[10], ','))
 end
 hist_add(hist, cap, now, status == 'running' and 'recovered' or 'started', run_id, ev)
-publish_view(task, ARGV[8])
+publish_view(task, ARGV[8], KEYS[7])
 local started = redis.call('HGET', task, 'startedAt')
 return {'granted', token, done, cursor, attempt_now, rec[10], sources, started, status}

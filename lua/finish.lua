@@ -3,6 +3,7 @@
 -- blocked by a lease, record or entry without the others.
 -- KEYS[1] task record   KEYS[2] lease   KEYS[3] request stream   KEYS[4] history
 -- KEYS[5] partition index   KEYS[6] partition retry queue
+-- KEYS[7] partition watch key (views are published only while it exists)
 -- ARGV[1] owner   ARGV[2] token   ARGV[3] runId
 -- ARGV[4] result: done | failed | cancelled | retry | handback
 -- ARGV[5] stage completed by this call ("" if none)   ARGV[6] error text
@@ -44,5 +45,5 @@ else
   finish_terminal({task = task, stream = stream, hist = hist, index = KEYS[5], group = ARGV[8], cap = ARGV[9],
     channel = ARGV[10], retention = ARGV[11], next_run_id = ARGV[12], now = now}, result, ARGV[6])
 end
-publish_view(task, ARGV[10])
+publish_view(task, ARGV[10], KEYS[7])
 return {1, redis.call('HGET', task, 'status')}

@@ -40,8 +40,12 @@ local function hist_add(hist_key, cap, now, event, run_id, fields)
 end
 
 -- publish_view publishes the task record (minus the binary cursor) as JSON
--- on the partition's channel; subscribers turn it into a TaskView.
-local function publish_view(task_key, channel)
+-- on the partition's channel; subscribers turn it into a TaskView. It is
+-- skipped while watch_key is absent: subscribers (Registry.Subscribe) keep
+-- that key alive, and encoding views nobody reads costs a third of a
+-- script's time.
+local function publish_view(task_key, channel, watch_key)
+  if redis.call('EXISTS', watch_key) == 0 then return end
   local flat = redis.call('HGETALL', task_key)
   local view = {}
   for i = 1, #flat, 2 do

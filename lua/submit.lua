@@ -3,6 +3,7 @@
 -- KEYS[1] task record   KEYS[2] partition request stream   KEYS[3] history
 -- KEYS[4] partition index   KEYS[5] partition subjects set of the scope
 -- KEYS[6] partition retry queue
+-- KEYS[7] partition watch key (views are published only while it exists)
 -- ARGV[1] task key   ARGV[2] subject   ARGV[3] source   ARGV[4] policy
 -- ARGV[5] new run id   ARGV[6] stages (comma list)   ARGV[7] maxAttempts
 -- ARGV[8] minInterval (ms, 0 = none)   ARGV[9] history cap
@@ -38,7 +39,7 @@ if not active then
   new_run(task, stream, hist, key, run_id, ARGV[6], ARGV[7], source, source, now)
   hist_add(hist, cap, now, 'requested', run_id, {'source', source, 'outcome', 'started'})
   redis.call('ZADD', index, now, key)
-  publish_view(task, ARGV[10])
+  publish_view(task, ARGV[10], KEYS[7])
   return result('started')
 end
 
@@ -46,7 +47,7 @@ local cur = rec[2]
 if policy == 'join' then
   redis.call('HSET', task, 'sources', add_source(rec[4], source), 'updatedAt', now)
   hist_add(hist, cap, now, 'joined', cur, {'source', source, 'outcome', 'joined'})
-  publish_view(task, ARGV[10])
+  publish_view(task, ARGV[10], KEYS[7])
   return result('joined')
 elseif policy == 'skip' then
   hist_add(hist, cap, now, 'skipped', cur, {'source', source, 'outcome', 'skipped'})
@@ -54,7 +55,7 @@ elseif policy == 'skip' then
 elseif policy == 'queue' then
   redis.call('HSET', task, 'followUp', '1', 'followUpSources', add_source(rec[5], source), 'updatedAt', now)
   hist_add(hist, cap, now, 'requested', cur, {'source', source, 'outcome', 'queued'})
-  publish_view(task, ARGV[10])
+  publish_view(task, ARGV[10], KEYS[7])
   return result('queued')
 end
 
@@ -65,12 +66,12 @@ hist_add(hist, cap, now, 'requested', cur, {'source', source, 'outcome', 'replac
 redis.call('HSET', task, 'followUp', '1', 'followUpSources', source)
 if status == 'running' then
   redis.call('HSET', task, 'cancel', '1', 'updatedAt', now)
-  publish_view(task, ARGV[10])
+  publish_view(task, ARGV[10], KEYS[7])
   redis.call('PUBLISH', ARGV[11], key)
 else
   redis.call('ZREM', KEYS[6], cur .. ' ' .. key)
   finish_terminal({task = task, stream = stream, hist = hist, index = index, group = ARGV[12], cap = cap,
     channel = ARGV[10], retention = ARGV[13], next_run_id = run_id, now = now}, 'cancelled', 'replaced')
-  publish_view(task, ARGV[10])
+  publish_view(task, ARGV[10], KEYS[7])
 end
 return result('replaced')

@@ -113,3 +113,7 @@ const Group = "runners"
 // Cancels is partition p's pub/sub channel of cancel requests (task keys),
 // so a holder stops at once instead of at its next heartbeat.
 func (s *Space) Cancels(p int) string { return s.tags[p] + ":cancels" }
+
+// Watch is partition p's watch key: while it exists, scripts publish every
+// TaskView change on Events(p). Subscribers keep it alive.
+func (s *Space) Watch(p int) string { return s.tags[p] + ":watch" }
