@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -63,6 +64,7 @@ type Registry struct {
 	retention time.Duration
 	jobs      map[string]*Job
 	scopes    []string
+	stagesCSV map[string]string // scope → comma-joined stage names
 	log       *slog.Logger
 	metrics   *Metrics
 	leases    *leasing.Manager
@@ -97,7 +99,8 @@ func NewRegistry(rdb redis.UniversalClient, cfg Config) (*Registry, error) {
 	}
 	r := &Registry{
 		rdb: rdb, ks: ks, histCap: cfg.HistoryCap, retention: cfg.Retention,
-		jobs: make(map[string]*Job, len(cfg.Jobs)), log: cfg.Logger, metrics: newMetrics(),
+		jobs: make(map[string]*Job, len(cfg.Jobs)), stagesCSV: make(map[string]string, len(cfg.Jobs)),
+		log: cfg.Logger, metrics: newMetrics(),
 		scripts: scripts{
 			submit:    lua.MustScript("submit"),
 			claim:     lua.MustScript("claim"),
@@ -118,6 +121,7 @@ func NewRegistry(rdb redis.UniversalClient, cfg Config) (*Registry, error) {
 		}
 		r.jobs[j.Scope] = &j
 		r.scopes = append(r.scopes, j.Scope)
+		r.stagesCSV[j.Scope] = strings.Join(j.StageNames(), ",")
 	}
 	slices.Sort(r.scopes)
 	if r.leases, err = leasing.NewManager(rdb, leasing.Config{Prefix: ks.Prefix(), Partitions: ks.Partitions()}); err != nil {
@@ -207,7 +211,7 @@ func (r *Registry) Submit(ctx context.Context, subject, scope string, opts Submi
 	res, err := r.scripts.submit.Run(ctx, r.rdb,
 		[]string{r.ks.Task(k), r.ks.Requests(p), r.ks.History(k), r.ks.Index(p), r.ks.Subjects(p, scope), r.ks.Retry(p), r.ks.Watch(p)},
 		k.String(), subject, string(opts.Source), string(opts.Policy), newRunID(),
-		strings.Join(job.StageNames(), ","), job.Retry.MaxAttempts, job.MinInterval.Milliseconds(),
+		r.stagesCSV[scope], job.Retry.MaxAttempts, job.MinInterval.Milliseconds(),
 		r.histCap, r.ks.Events(p), r.ks.Cancels(p), keyspace.Group, r.retention.Milliseconds()).Slice()
 	if err != nil {
 		return SubmitResult{}, fmt.Errorf("jobs: submit %s: %w", k, err)
@@ -538,9 +542,23 @@ func flatToMap(v any) map[string]string {
 	flat, _ := v.([]any)
 	m := make(map[string]string, len(flat)/2)
 	for i := 0; i+1 < len(flat); i += 2 {
-		m[fmt.Sprint(flat[i])] = fmt.Sprint(flat[i+1])
+		m[replyString(flat[i])] = replyString(flat[i+1])
 	}
 	return m
+}
+
+// replyString is fmt.Sprint for the strings a script replies with, without
+// fmt's allocations.
+func replyString(v any) string {
+	switch x := v.(type) {
+	case string:
+		return x
+	case int64:
+		return strconv.FormatInt(x, 10)
+	case nil:
+		return ""
+	}
+	return fmt.Sprint(v)
 }
 
 func newRunID() string {

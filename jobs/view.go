@@ -88,6 +88,9 @@ func splitList(s string) []string {
 }
 
 func timeField(s string) *time.Time {
+	if s == "" {
+		return nil
+	}
 	t := checkpoints.MillisTime(s)
 	if t.IsZero() {
 		return nil

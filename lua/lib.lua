@@ -34,9 +34,8 @@ end
 -- hist_add appends one event to a task's capped history stream.
 -- fields: a flat list {name, value, ...} appended after at/event/runId.
 local function hist_add(hist_key, cap, now, event, run_id, fields)
-  local args = {'XADD', hist_key, 'MAXLEN', '~', cap, '*', 'at', now, 'event', event, 'runId', run_id or ''}
-  for i = 1, #fields do args[#args + 1] = fields[i] end
-  redis.call(unpack(args))
+  redis.call('XADD', hist_key, 'MAXLEN', '~', cap, '*', 'at', now, 'event', event, 'runId', run_id or '',
+    unpack(fields))
 end
 
 -- publish_view publishes the task record (minus the binary cursor) as JSON
