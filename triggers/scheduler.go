@@ -218,7 +218,7 @@ func NewScheduler(rdb redis.UniversalClient, reg *jobs.Registry, cfg SchedulerCo
 			bad("%s: duplicate name", label)
 		}
 		seen[sc.Name] = true
-		sched, err := parseCron(sc.Cron)
+		sched, err := ParseCron(sc.Cron)
 		if err != nil {
 			bad("%s: cron %q: %v", label, sc.Cron, err)
 		} else if sched.Next(time.Now().In(cfg.Location)).IsZero() {
@@ -256,9 +256,12 @@ func NewScheduler(rdb redis.UniversalClient, reg *jobs.Registry, cfg SchedulerCo
 	return s, nil
 }
 
-// parseCron parses a spec; "@every D" becomes epoch-anchored. robfig/cron
-// panics on some malformed "TZ=" prefixes; that is reported as an error.
-func parseCron(spec string) (sched cron.Schedule, err error) {
+// ParseCron parses a schedule's cron spec (five fields or a descriptor such
+// as "@every 30s" or "@hourly"); "@every D" becomes epoch-anchored so every
+// runner computes the same occurrences. Config validation uses it too, so a
+// config that validates is one the scheduler runs. robfig/cron panics on
+// some malformed "TZ=" prefixes; that is reported as an error.
+func ParseCron(spec string) (sched cron.Schedule, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			sched, err = nil, fmt.Errorf("malformed spec")

@@ -355,7 +355,7 @@ func TestCatchUpOnLeadership(t *testing.T) {
 // TestEveryIsEpochAnchored: "@every D" occurrences do not depend on when a
 // runner started, so all runners agree on the idempotency keys.
 func TestEveryIsEpochAnchored(t *testing.T) {
-	sched, err := parseCron("@every 30s")
+	sched, err := ParseCron("@every 30s")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,13 +3,13 @@ package config
 import (
 	"errors"
 	"fmt"
+	"github.com/tasklease/tasklease/triggers"
 	"net"
 	"net/url"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/robfig/cron/v3"
@@ -25,45 +25,17 @@ const runnerIDMax = 100
 
 var scheduleNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,63}$`)
 
-// cronParser accepts five fields or a descriptor (DESIGN §7); the triggers
-// must parse with the same options.
-var cronParser = cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
-
-// ParseCron parses a schedule's cron expression the way validation does,
-// so triggers cannot accept what the config rejected or vice versa.
-func ParseCron(spec string) (sched cron.Schedule, err error) {
-	defer func() {
-		// robfig/cron v3.0.1 panics on some inputs ("TZ=UTC" with no
-		// fields); a config must fail, not the process.
-		if r := recover(); r != nil {
-			sched, err = nil, fmt.Errorf("invalid cron expression %q: %v", truncate(spec, 60), r)
-		}
-	}()
+// ParseCron parses a schedule's cron expression exactly as the scheduler
+// will (triggers.ParseCron), so validation and triggers always agree.
+func ParseCron(spec string) (cron.Schedule, error) {
 	if strings.TrimSpace(spec) == "" {
 		return nil, errors.New("empty cron expression")
 	}
-	if rest, ok := strings.CutPrefix(strings.TrimSpace(cronBody(spec)), "@every "); ok {
-		d, err := time.ParseDuration(strings.TrimSpace(rest))
-		if err == nil && d < time.Second {
-			// cron rounds these up to 1s silently; say so instead.
-			return nil, fmt.Errorf("invalid cron expression %q: the @every interval must be at least 1s", truncate(spec, 60))
-		}
-	}
-	sched, err = cronParser.Parse(spec)
+	sched, err := triggers.ParseCron(spec)
 	if err != nil {
 		return nil, fmt.Errorf("invalid cron expression %q: %w", truncate(spec, 60), err)
 	}
 	return sched, nil
-}
-
-// cronBody strips a leading TZ=/CRON_TZ= zone.
-func cronBody(spec string) string {
-	if strings.HasPrefix(spec, "TZ=") || strings.HasPrefix(spec, "CRON_TZ=") {
-		if _, rest, ok := strings.Cut(spec, " "); ok {
-			return rest
-		}
-	}
-	return spec
 }
 
 // checkExplicitZeros reports zeros written in the file for settings where
