@@ -1,12 +1,14 @@
 package jobs
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"os/exec"
 	"runtime"
@@ -61,6 +63,10 @@ type ExecStage struct {
 	// Stderr receives the command's standard error; nil discards it. The
 	// last 4 KiB are kept for the error message either way.
 	Stderr io.Writer
+	// Logger, when set, receives each line of output the command writes
+	// (stdout at info, stderr at warn) with the run's task_key, run_id,
+	// stage, attempt and fencing_token, besides Stdout and Stderr.
+	Logger *slog.Logger
 }
 
 // Validate checks the configuration; errors wrap ErrConfig.
@@ -107,11 +113,26 @@ func (e *ExecStage) RunStage(ctx context.Context, run *Run) error {
 	cmd := exec.Command(argv0, e.Command[1:]...)
 	cmd.Dir = e.Dir
 	cmd.Env = execEnv(e.Env, run)
-	cmd.Stdout = e.Stdout // nil: /dev/null
-	cmd.Stderr = tail
-	if e.Stderr != nil {
-		cmd.Stderr = io.MultiWriter(tail, e.Stderr)
+	stdout, stderr := []io.Writer{}, []io.Writer{tail}
+	if e.Stdout != nil {
+		stdout = append(stdout, e.Stdout)
 	}
+	if e.Stderr != nil {
+		stderr = append(stderr, e.Stderr)
+	}
+	if e.Logger != nil {
+		log := e.Logger.With(slog.String("task_key", run.Key().String()), slog.String("run_id", run.RunID()),
+			slog.String("stage", run.Stage()), slog.Int("attempt", run.Attempt()), slog.Int64("fencing_token", run.FencingToken()))
+		outLog := &lineLogger{log: log, level: slog.LevelInfo, stream: "stdout"}
+		errLog := &lineLogger{log: log, level: slog.LevelWarn, stream: "stderr"}
+		defer outLog.flush() // after the process and its output copying ended
+		defer errLog.flush()
+		stdout, stderr = append(stdout, outLog), append(stderr, errLog)
+	}
+	if len(stdout) > 0 { // none: /dev/null
+		cmd.Stdout = io.MultiWriter(stdout...)
+	}
+	cmd.Stderr = io.MultiWriter(stderr...)
 	cmd.SysProcAttr = execSysProcAttr()
 	cmd.WaitDelay = execIODelay
 
@@ -252,6 +273,50 @@ func startExec(cmd *exec.Cmd) (*execProc, error) {
 		return nil, err
 	}
 	return p, nil
+}
+
+// lineLogger logs each complete line written to it; a partial line waits
+// for its end or for flush. Lines are capped so a command without newlines
+// cannot grow it without bound.
+type lineLogger struct {
+	log    *slog.Logger
+	level  slog.Level
+	stream string
+	buf    []byte
+}
+
+const lineLoggerMax = 4 << 10
+
+func (l *lineLogger) Write(p []byte) (int, error) {
+	l.buf = append(l.buf, p...)
+	for {
+		i := bytes.IndexByte(l.buf, '\n')
+		if i < 0 {
+			break
+		}
+		l.emit(l.buf[:i])
+		l.buf = l.buf[i+1:]
+	}
+	if len(l.buf) > lineLoggerMax {
+		l.emit(l.buf)
+		l.buf = l.buf[:0]
+	}
+	return len(p), nil
+}
+
+func (l *lineLogger) flush() {
+	if len(l.buf) > 0 {
+		l.emit(l.buf)
+		l.buf = nil
+	}
+}
+
+func (l *lineLogger) emit(line []byte) {
+	line = bytes.TrimRight(line, "\r")
+	if len(line) > lineLoggerMax {
+		line = line[:lineLoggerMax]
+	}
+	l.log.LogAttrs(context.Background(), l.level, "exec output", slog.String("stream", l.stream), slog.String("line", string(line)))
 }
 
 // tailBuffer is an io.Writer keeping the last max bytes written.

@@ -99,6 +99,13 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, ready func
 		jobList = config.DemoJobs()
 		log.Info("no jobs configured: registered the demo jobs course_sync, message_sync and backup")
 	}
+	for _, j := range jobList { // exec output goes to the log, line by line, with the run's attributes
+		for _, st := range j.Stages {
+			if es, ok := st.Handler.(*jobs.ExecStage); ok && es.Logger == nil {
+				es.Logger = log
+			}
+		}
+	}
 	promReg := prometheus.NewRegistry()
 	promReg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	rc := cfg.RegistryConfig()
