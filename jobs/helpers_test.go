@@ -168,3 +168,25 @@ func (c *counter) get(k string) int {
 	defer c.mu.Unlock()
 	return c.n[k]
 }
+
+// runChildRunner runs a Runner in a child test process until the parent
+// SIGKILLs it; bound only matters if the parent vanished without its
+// Pdeathsig firing.
+func runChildRunner(t *testing.T, reg *Registry, cfg RunnerConfig, bound time.Duration) {
+	t.Helper()
+	if cfg.FetchBlock == 0 {
+		cfg.FetchBlock = 100 * time.Millisecond
+	}
+	if cfg.RetryPoll == 0 {
+		cfg.RetryPoll = 20 * time.Millisecond
+	}
+	rn, err := NewRunner(reg, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	defer cancel()
+	if err := rn.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

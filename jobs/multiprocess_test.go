@@ -117,18 +117,7 @@ func TestHelperRunnerProcess(t *testing.T) {
 	}
 	// Enough slots for every key: the special key must never wait behind
 	// runs the child blocks forever.
-	rn, err := NewRunner(reg, RunnerConfig{ID: "mp-child", Concurrency: 128, LeaseTTL: mpLeaseTTL,
-		FetchBlock: 100 * time.Millisecond, RetryPoll: 20 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Runs until SIGKILLed; the bound only matters if the parent vanished
-	// without its Pdeathsig firing.
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	if err := rn.Run(ctx); err != nil {
-		t.Fatal(err)
-	}
+	runChildRunner(t, reg, RunnerConfig{ID: "mp-child", Concurrency: 128, LeaseTTL: mpLeaseTTL}, 3*time.Minute)
 }
 
 // mpExec is one stage execution by a parent runner.

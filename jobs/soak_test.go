@@ -371,18 +371,7 @@ func TestSoakHelperProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	id, _, _ := strings.Cut(proc, ".")
-	rn, err := NewRunner(reg, RunnerConfig{ID: "soak-" + id, Concurrency: soakConcurrency, LeaseTTL: time.Second,
-		FetchBlock: 100 * time.Millisecond, RetryPoll: 20 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Runs until SIGKILLed; the bound only matters if the parent vanished
-	// without its Pdeathsig firing.
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
-	defer cancel()
-	if err := rn.Run(ctx); err != nil {
-		t.Fatal(err)
-	}
+	runChildRunner(t, reg, RunnerConfig{ID: "soak-" + id, Concurrency: soakConcurrency, LeaseTTL: time.Second}, 30*time.Minute)
 }
 
 type soakSubmit struct {
