@@ -1,0 +1,94 @@
+package jobs
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/tasklease/tasklease/internal/keyspace"
+	"github.com/tasklease/tasklease/leasing"
+)
+
+func (r *Runner) finish(job *Job, p int, lease leasing.Lease, runID, result, completed string, stageErr error, attempt int, log *slog.Logger) {
+	k := lease.Key
+	ks := r.reg.ks
+	errText := ""
+	if stageErr != nil {
+		errText = truncateErr(stageErr.Error(), 1000)
+	}
+	delay := time.Duration(0)
+	if result == resultRetry {
+		delay = jitter(backoff(job.Retry.Backoff, job.Retry.MaxBackoff, attempt))
+	}
+	// Finish must land even when the run's context was cancelled (cancel,
+	// shutdown); it is bounded by the lease instead.
+	ctx, cancel := context.WithTimeout(context.Background(), lease.TTL)
+	defer cancel()
+	res, err := r.reg.scripts.finish.Run(ctx, r.reg.rdb,
+		[]string{ks.Task(k), ks.Lease(k), ks.Requests(p), ks.History(k), ks.Index(p), ks.Retry(p), ks.Watch(p)},
+		lease.Owner, lease.Token, runID, result, completed, errText, delay.Milliseconds(), keyspace.Group,
+		r.reg.histCap, ks.Events(p), r.reg.retention.Milliseconds(), newRunID()).Slice()
+	if err != nil {
+		log.Warn("finish failed; the run will be recovered when its lease expires", slog.Any("error", err))
+		return
+	}
+	if len(res) < 2 || res[0] != int64(1) {
+		r.reg.metrics.leaseLosses.WithLabelValues(k.Scope()).Inc()
+		log.Warn("lease lost before finish", slog.String("outcome", result))
+		return
+	}
+	status := fmt.Sprint(res[1])
+	switch Status(status) {
+	case StatusRetrying:
+		r.reg.metrics.retries.WithLabelValues(k.Scope()).Inc()
+	case StatusDone, StatusFailed, StatusCancelled:
+		r.reg.metrics.runs.WithLabelValues(k.Scope(), status).Inc()
+	case StatusQueued:
+		// handed back, or a queued follow-up started
+		if result != resultHandback {
+			r.reg.metrics.runs.WithLabelValues(k.Scope(), result).Inc()
+		}
+	}
+	lvl := slog.LevelInfo
+	if stageErr != nil && result != resultCancelled {
+		lvl = slog.LevelWarn
+	}
+	log.LogAttrs(context.Background(), lvl, "run finished", slog.String("outcome", result), slog.String("status", status), slog.String("error", errText))
+}
+
+// backoff returns base·2^(attempt-1), capped at max.
+func backoff(base, max time.Duration, attempt int) time.Duration {
+	d := base
+	for i := 1; i < attempt && d < max; i++ {
+		d *= 2
+	}
+	return min(d, max)
+}
+
+// jitter spreads d over [d/2, d) so retries of many keys do not align.
+func jitter(d time.Duration) time.Duration {
+	if d <= 1 {
+		return d
+	}
+	return d/2 + rand.N(d/2)
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+func truncateErr(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}

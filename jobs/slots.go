@@ -1,0 +1,37 @@
+package jobs
+
+import (
+	"context"
+)
+
+// acquire takes one slot, blocking; false when ctx ended.
+func (r *Runner) acquire(ctx context.Context) bool {
+	select {
+	case r.slots <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// tryAcquire takes up to n slots without blocking.
+func (r *Runner) tryAcquire(n int) int {
+	got := 0
+	for got < n {
+		select {
+		case r.slots <- struct{}{}:
+			got++
+		default:
+			return got
+		}
+	}
+	return got
+}
+
+func (r *Runner) release(n int) {
+	for range n {
+		<-r.slots
+	}
+}
+
+// fetchLoop reads partition p's stream. While slots are free it reads
