@@ -3,9 +3,13 @@
 //
 // A lease is the right to execute a task key's run. It is a Redis string
 // "<token>|<owner>" with a PX expiry, so a crashed holder's lease always ends.
-// Every grant increments the key's fence counter in the same Lua script
-// (lua/lease_acquire.lua), so tokens are strictly increasing per key and a
-// downstream system can reject a write carrying an older token. Renew and
+// Every grant advances the key's fence counter in the same Lua script
+// (lua/lease_acquire.lua) to max(previous token + 1, Redis TIME in
+// microseconds), so tokens are strictly increasing per key — also after Redis
+// lost the counter (restart without persistence, failover to a lagging
+// replica, a flush), as long as the new primary's clock is not behind by more
+// than the time since the last grant — and a downstream system can reject a
+// write carrying an older token. Tokens stay below 2^53 (JSON-safe). Renew and
 // Release compare owner and token: a holder whose lease expired and was
 // granted to someone else gets ErrNotHeld and changes nothing.
 //
@@ -92,12 +96,22 @@ type Config struct {
 	// Partitions of the keyspace (default 16). Fixed for a deployment's life:
 	// changing it moves keys to other partitions.
 	Partitions int
+	// FenceTTL is how long a key's fence counter outlives its last grant
+	// (default FenceTTLDefault). Tokens stay monotonic after it expired,
+	// because a grant's token is never below Redis time in microseconds;
+	// the counter only orders grants within one microsecond and across
+	// small clock steps back.
+	FenceTTL time.Duration
 }
+
+// FenceTTLDefault is Config.FenceTTL's default.
+const FenceTTLDefault = 7 * 24 * time.Hour
 
 // Manager grants and manages leases. Safe for concurrent use.
 type Manager struct {
 	rdb                     redis.UniversalClient
 	ks                      *keyspace.Space
+	fenceTTL                time.Duration
 	acquire, renew, release *redis.Script
 }
 
@@ -111,9 +125,16 @@ func NewManager(rdb redis.UniversalClient, cfg Config) (*Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
+	if cfg.FenceTTL == 0 {
+		cfg.FenceTTL = FenceTTLDefault
+	}
+	if cfg.FenceTTL < time.Millisecond {
+		return nil, fmt.Errorf("%w: fence TTL %s below 1ms", ErrConfig, cfg.FenceTTL)
+	}
 	return &Manager{
-		rdb:     rdb,
-		ks:      ks,
+		rdb:      rdb,
+		ks:       ks,
+		fenceTTL: cfg.FenceTTL,
 		acquire: lua.MustScript("lease_acquire"),
 		renew:   lua.MustScript("lease_renew"),
 		release: lua.MustScript("lease_release"),
@@ -140,7 +161,8 @@ func (m *Manager) Acquire(ctx context.Context, key taskkey.Key, owner string, tt
 		return Lease{}, err
 	}
 	sent := time.Now()
-	res, err := m.acquire.Run(ctx, m.rdb, []string{m.ks.Lease(key), m.ks.Fence(key)}, owner, ttl.Milliseconds()).Slice()
+	res, err := m.acquire.Run(ctx, m.rdb, []string{m.ks.Lease(key), m.ks.Fence(key)}, owner, ttl.Milliseconds(),
+		max(m.fenceTTL, ttl).Milliseconds()).Slice()
 	if err != nil {
 		return Lease{}, fmt.Errorf("leasing: acquire %s: %w", key, err)
 	}

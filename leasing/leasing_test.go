@@ -150,8 +150,8 @@ func TestLeaseKeyLayout(t *testing.T) {
 				if v, ok := get(t, b.Client, leaseKey); !ok || v != fmt.Sprintf("%d|pod-a", lease.Token) {
 					t.Fatalf("GET %s = %q, %v; want %d|pod-a", leaseKey, v, ok, lease.Token)
 				}
-				if v, ok := get(t, b.Client, fenceKey); !ok || v != "1" {
-					t.Fatalf("GET %s = %q, %v; want 1", fenceKey, v, ok)
+				if v, ok := get(t, b.Client, fenceKey); !ok || v != fmt.Sprint(lease.Token) {
+					t.Fatalf("GET %s = %q, %v; want %d", fenceKey, v, ok, lease.Token)
 				}
 			}
 		})
@@ -207,21 +207,21 @@ func TestAcquireRenewRelease(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Acquire: %v", err)
 			}
-			if lease.Key != key || lease.Owner != "pod-a" || lease.Token != 1 || lease.TTL != ttl {
-				t.Fatalf("lease = %+v, want key %s owner pod-a token 1 ttl %s", lease, key, ttl)
+			if lease.Key != key || lease.Owner != "pod-a" || lease.Token < 1 || lease.Token >= 1<<53 || lease.TTL != ttl {
+				t.Fatalf("lease = %+v, want key %s owner pod-a, a JSON-safe token, ttl %s", lease, key, ttl)
 			}
 			if lease.GrantedAt.Before(before) || lease.GrantedAt.After(time.Now()) {
 				t.Fatalf("GrantedAt %v not within the Acquire call", lease.GrantedAt)
 			}
-			if v, _ := get(t, b.Client, ks.Lease(key)); v != "1|pod-a" {
-				t.Fatalf("lease value %q, want 1|pod-a", v)
+			if v, _ := get(t, b.Client, ks.Lease(key)); v != fmt.Sprintf("%d|pod-a", lease.Token) {
+				t.Fatalf("lease value %q, want %d|pod-a", v, lease.Token)
 			}
 			if d := pttl(t, b.Client, ks.Lease(key)); d <= 0 || d > ttl {
 				t.Fatalf("lease PTTL %v, want in (0, %v]", d, ttl)
 			}
-			// The fence counter never expires.
-			if d := pttl(t, b.Client, ks.Fence(key)); d != -1 {
-				t.Fatalf("fence PTTL %v, want -1 (no expiry)", d)
+			// The fence counter expires with the retention (FenceTTLDefault).
+			if d := pttl(t, b.Client, ks.Fence(key)); d <= 0 || d > leasing.FenceTTLDefault {
+				t.Fatalf("fence PTTL %v, want in (0, %v]", d, leasing.FenceTTLDefault)
 			}
 
 			// Renew after most of the TTL passed restores the full TTL.
@@ -234,7 +234,7 @@ func TestAcquireRenewRelease(t *testing.T) {
 			}
 			// The lease survives past its original expiry thanks to the renewal.
 			b.Advance(ttl / 2)
-			if v, ok := get(t, b.Client, ks.Lease(key)); !ok || v != "1|pod-a" {
+			if v, ok := get(t, b.Client, ks.Lease(key)); !ok || v != fmt.Sprintf("%d|pod-a", lease.Token) {
 				t.Fatalf("lease after renewal and original expiry = %q, %v", v, ok)
 			}
 
@@ -259,8 +259,8 @@ func TestAcquireRenewRelease(t *testing.T) {
 			if err != nil {
 				t.Fatalf("second Acquire: %v", err)
 			}
-			if lease2.Token != 2 {
-				t.Fatalf("second token %d, want 2", lease2.Token)
+			if lease2.Token <= lease.Token {
+				t.Fatalf("second token %d, want above %d", lease2.Token, lease.Token)
 			}
 			// The old lease (same owner name or not) cannot touch it.
 			stale := lease
@@ -273,7 +273,7 @@ func TestAcquireRenewRelease(t *testing.T) {
 					t.Fatalf("Release of stale %+v = %v, want ErrNotHeld", l, err)
 				}
 			}
-			if v, _ := get(t, b.Client, ks.Lease(key)); v != "2|pod-b" {
+			if v, _ := get(t, b.Client, ks.Lease(key)); v != fmt.Sprintf("%d|pod-b", lease2.Token) {
 				t.Fatalf("lease value %q after stale calls, want 2|pod-b", v)
 			}
 		})
@@ -305,8 +305,8 @@ func TestExpiredLeaseNotRenewable(t *testing.T) {
 			}
 			// The same owner can take it again, with a new token.
 			again, err := m.Acquire(ctx, key, "pod-a", time.Second)
-			if err != nil || again.Token != lease.Token+1 {
-				t.Fatalf("re-Acquire = %+v, %v; want token %d", again, err, lease.Token+1)
+			if err != nil || again.Token <= lease.Token {
+				t.Fatalf("re-Acquire = %+v, %v; want a token above %d", again, err, lease.Token)
 			}
 			// The old lease value differs from the new one only by token.
 			if err := m.Renew(ctx, lease); !errors.Is(err, leasing.ErrNotHeld) {
@@ -347,11 +347,11 @@ func TestHeldError(t *testing.T) {
 				t.Fatalf("HeldError message %q lacks owner or key", msg)
 			}
 			// The failed attempt consumed no token and changed nothing.
-			if v, _ := get(t, b.Client, ks.Fence(key)); v != "1" {
-				t.Fatalf("fence = %q after a refused Acquire, want 1", v)
+			if v, _ := get(t, b.Client, ks.Fence(key)); v != fmt.Sprint(a.Token) {
+				t.Fatalf("fence = %q after a refused Acquire, want %d", v, a.Token)
 			}
-			if v, _ := get(t, b.Client, ks.Lease(key)); v != "1|pod-a/1" {
-				t.Fatalf("lease = %q after a refused Acquire, want 1|pod-a/1", v)
+			if v, _ := get(t, b.Client, ks.Lease(key)); v != fmt.Sprintf("%d|pod-a/1", a.Token) {
+				t.Fatalf("lease = %q after a refused Acquire, want %d|pod-a/1", v, a.Token)
 			}
 			// The holder itself is refused a second grant as well.
 			if _, err := m.Acquire(ctx, key, "pod-a/1", ttl); !errors.Is(err, leasing.ErrHeld) {
@@ -379,8 +379,8 @@ func TestKeysIndependent(t *testing.T) {
 				if err != nil {
 					t.Fatalf("Acquire %s: %v", k, err)
 				}
-				if l.Token != 1 {
-					t.Fatalf("Acquire %s token %d, want 1 (tokens are per key)", k, l.Token)
+				if fence, _ := get(t, b.Client, defaultSpace(t).Fence(k)); fence != fmt.Sprint(l.Token) {
+					t.Fatalf("Acquire %s token %d, fence %q: want the key's own fence at the token", k, l.Token, fence)
 				}
 			}
 			for _, k := range keys {
@@ -473,15 +473,12 @@ func TestContention(t *testing.T) {
 					t.Fatalf("grant %d got token %d after token %d: not strictly increasing", i, tok, tokens[i-1])
 				}
 			}
-			if tokens[0] != 1 || tokens[len(tokens)-1] != int64(len(tokens)) {
-				t.Fatalf("tokens run %d..%d over %d grants, want 1..%d", tokens[0], tokens[len(tokens)-1], len(tokens), len(tokens))
-			}
 			fence, err := b.Client.Get(ctx, ks.Fence(key)).Int64()
 			if err != nil {
 				t.Fatalf("GET fence: %v", err)
 			}
-			if fence != int64(len(tokens)) {
-				t.Fatalf("fence = %d, want %d (one per grant)", fence, len(tokens))
+			if fence != tokens[len(tokens)-1] {
+				t.Fatalf("fence = %d, want the last token granted, %d", fence, tokens[len(tokens)-1])
 			}
 			if n, _ := b.Client.Exists(ctx, ks.Lease(key)).Result(); n != 0 {
 				t.Fatal("lease still held after every holder released")
@@ -656,5 +653,76 @@ func TestScriptFlush(t *testing.T) {
 				t.Fatalf("Acquire after SCRIPT FLUSH: %v", err)
 			}
 		})
+	}
+}
+
+// TestTokensMonotonicAcrossDataLoss: a Redis that loses its data (restart
+// without persistence, FLUSHALL) forgets the fence counter, and the next
+// grant must still carry a token above every token granted before
+// (DESIGN §2.2: max(previous + 1, Redis TIME in µs)).
+func TestTokensMonotonicAcrossDataLoss(t *testing.T) {
+	ctx := context.Background()
+	key := taskkey.MustNew("u42", "course_sync")
+	check := func(t *testing.T, m *leasing.Manager, lose func()) {
+		t.Helper()
+		var prev int64
+		for round := range 3 {
+			l, err := m.Acquire(ctx, key, "pod-a", time.Minute)
+			if err != nil {
+				t.Fatalf("round %d: Acquire: %v", round, err)
+			}
+			if l.Token <= prev || l.Token >= 1<<53 {
+				t.Fatalf("round %d: token %d after %d: went backwards (or left the JSON-safe range)", round, l.Token, prev)
+			}
+			prev = l.Token
+			lose()
+		}
+	}
+	t.Run("redis restarted empty", func(t *testing.T) {
+		srv := redistest.StartServer(t)
+		rdb := srv.Client(t)
+		m := newManager(t, rdb)
+		check(t, m, func() {
+			srv.Kill()
+			srv.Restart(t)
+			if n, err := rdb.DBSize(ctx).Result(); err != nil || n != 0 {
+				t.Fatalf("DBSIZE after restart = %d, %v; want an empty Redis", n, err)
+			}
+		})
+	})
+	t.Run("miniredis flushed", func(t *testing.T) {
+		mini := redistest.StartMini(t)
+		m := newManager(t, mini.Client(t))
+		check(t, m, func() {
+			mini.FlushAll()
+			mini.Advance(time.Millisecond) // miniredis' clock only moves when told
+		})
+	})
+}
+
+// TestFenceCounterExpires: the fence counter is bounded by the retention
+// (Config.FenceTTL), not kept forever.
+func TestFenceCounterExpires(t *testing.T) {
+	ctx := context.Background()
+	mini := redistest.StartMini(t)
+	m, err := leasing.NewManager(mini.Client(t), leasing.Config{FenceTTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := taskkey.MustNew("u42", "course_sync")
+	l, err := m.Acquire(ctx, key, "pod-a", time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := pttl(t, mini.Client(t), defaultSpace(t).Fence(key)); d <= 0 || d > time.Hour {
+		t.Fatalf("fence PTTL = %v, want (0, 1h]", d)
+	}
+	mini.Advance(2 * time.Hour)
+	if n, _ := mini.Client(t).Exists(ctx, defaultSpace(t).Fence(key)).Result(); n != 0 {
+		t.Fatal("fence counter still there after its TTL")
+	}
+	again, err := m.Acquire(ctx, key, "pod-a", time.Second)
+	if err != nil || again.Token <= l.Token {
+		t.Fatalf("Acquire after the counter expired = %+v, %v; want a token above %d", again, err, l.Token)
 	}
 }
