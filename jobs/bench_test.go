@@ -433,7 +433,7 @@ func claimAll(b *testing.B, rn *Runner, cs []claimed) {
 	for i := range cs {
 		c := &cs[i]
 		k := mustParseKey(b, c.msg)
-		res, err := rn.claim(ctx, k, c.p, c.msg, c.runID, string(SourceSchedule), ttl)
+		res, err := rn.claim(ctx, k, c.p, c.msg, rn.reg.jobs[k.Scope()], c.runID, string(SourceSchedule), ttl)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -474,7 +474,7 @@ func BenchmarkClaimScript(b *testing.B) {
 	for i := range cs {
 		c := &cs[i]
 		k := mustParseKey(b, c.msg)
-		res, err := rn.claim(ctx, k, c.p, c.msg, c.runID, string(SourceSchedule), rn.cfg.LeaseTTL)
+		res, err := rn.claim(ctx, k, c.p, c.msg, rn.reg.jobs[k.Scope()], c.runID, string(SourceSchedule), rn.cfg.LeaseTTL)
 		if err != nil || res.kind != "granted" {
 			b.Fatalf("claim %s: %v %v", k, res.kind, err)
 		}

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -305,15 +306,15 @@ func clSameInstant(t *testing.T, clients []redis.UniversalClient) {
 		if v.Status != StatusDone {
 			t.Errorf("%s: status %s (%s), want done", subject, v.Status, v.LastError)
 		}
-		if v.FencingToken != 1 {
-			t.Errorf("%s: fencing token %d, want 1 (one lease grant)", subject, v.FencingToken)
+		if v.FencingToken <= 0 {
+			t.Errorf("%s: fencing token %d, want one lease grant's token", subject, v.FencingToken)
 		}
 		if !clSameSet(v.Sources, clSources(SourceManual, SourceSchedule)) {
 			t.Errorf("%s: sources %v, want manual and schedule", subject, v.Sources)
 		}
 		fence, err := e.rdb.Get(context.Background(), e.reg.ks.Fence(taskkey.MustNew(subject, scope))).Result()
-		if err != nil || fence != "1" {
-			t.Errorf("%s: fence counter %q (%v), want 1 grant", subject, fence, err)
+		if err != nil || fence != strconv.FormatInt(v.FencingToken, 10) {
+			t.Errorf("%s: fence counter %q (%v), want the one grant's token %d", subject, fence, err, v.FencingToken)
 		}
 		evs := clHistory(t, e.reg, subject, scope)
 		if n := clCount(evs, "started") + clCount(evs, "recovered"); n != 1 {
@@ -323,8 +324,8 @@ func clSameInstant(t *testing.T, clients []redis.UniversalClient) {
 			t.Errorf("%s: history %v, want one requested, one joined, one done", subject, clEventNames(evs))
 		}
 		mu.Lock()
-		if pulls[subject] != 1 || !slices.Equal(tokens[subject], []int64{1}) {
-			t.Errorf("%s: pulling ran %d times with tokens %v, want once with token 1", subject, pulls[subject], tokens[subject])
+		if pulls[subject] != 1 || !slices.Equal(tokens[subject], []int64{v.FencingToken}) {
+			t.Errorf("%s: pulling ran %d times with tokens %v, want once with token %d", subject, pulls[subject], tokens[subject], v.FencingToken)
 		}
 		mu.Unlock()
 		if n := pushes.get(subject + "/pushing"); n != 1 {
@@ -364,7 +365,7 @@ func TestChecklistForegroundJoinsRunningManual(t *testing.T) {
 	if !slices.Equal(v.Sources, clSources(SourceManual, SourceForeground)) {
 		t.Errorf("joined view sources %v, want [manual foreground]", v.Sources)
 	}
-	if v.RunID != first.Task.RunID || v.Key != subject+"|"+scope || v.Owner == "" || v.FencingToken != 1 {
+	if v.RunID != first.Task.RunID || v.Key != subject+"|"+scope || v.Owner == "" || v.FencingToken <= 0 {
 		t.Errorf("joined view: runId %s (first %s) key %s owner %q token %d", v.RunID, first.Task.RunID, v.Key, v.Owner, v.FencingToken)
 	}
 	if v.StartedAt != nil && v.RequestedAt != nil && v.StartedAt.Before(*v.RequestedAt) {
@@ -481,8 +482,8 @@ func clCrashResume(t *testing.T, clientA, clientB redis.UniversalClient, ttl tim
 		t.Fatalf("outcome %s, want started", r.Outcome)
 	}
 	a := clRecv(t, aIn, 10*time.Second, "runner A to save progress in stage 2")
-	if a.run.FencingToken() != 1 || a.run.Owner() != ra.Owner() || a.run.Recovery().Mode != checkpoints.Restart {
-		t.Fatalf("A's run: token %d owner %s recovery %s; want 1, %s, restart", a.run.FencingToken(), a.run.Owner(), a.run.Recovery().Mode, ra.Owner())
+	if a.run.FencingToken() <= 0 || a.run.Owner() != ra.Owner() || a.run.Recovery().Mode != checkpoints.Restart {
+		t.Fatalf("A's run: token %d owner %s recovery %s; want a token, %s, restart", a.run.FencingToken(), a.run.Owner(), a.run.Recovery().Mode, ra.Owner())
 	}
 	if n := cnt.get(subject + "/pulling"); n != 1 {
 		t.Fatalf("pulling ran %d times before the crash, want 1", n)
@@ -510,16 +511,17 @@ func clCrashResume(t *testing.T, clientA, clientB redis.UniversalClient, ttl tim
 	if v.Status != StatusDone {
 		t.Fatalf("final status %s (%s), want done", v.Status, v.LastError)
 	}
-	if v.FencingToken != 2 || v.Attempt != 2 {
-		t.Errorf("final view: token %d attempt %d, want 2 and 2", v.FencingToken, v.Attempt)
+	tokA := a.run.FencingToken()
+	if v.FencingToken <= tokA || v.Attempt != 2 {
+		t.Errorf("final view: token %d attempt %d, want a token above A's %d and attempt 2", v.FencingToken, v.Attempt, tokA)
 	}
 	bMu.Lock()
 	if len(bRuns) != 1 {
 		t.Fatalf("B's pushing ran %d times, want 1", len(bRuns))
 	}
 	b := bRuns[0]
-	if b.Owner() != rb.Owner() || b.FencingToken() != 2 {
-		t.Errorf("B's run: owner %s token %d, want %s and 2", b.Owner(), b.FencingToken(), rb.Owner())
+	if b.Owner() != rb.Owner() || b.FencingToken() != v.FencingToken {
+		t.Errorf("B's run: owner %s token %d, want %s and %d", b.Owner(), b.FencingToken(), rb.Owner(), v.FencingToken)
 	}
 	if rec := b.Recovery(); rec.Mode != checkpoints.Resume || rec.Stage != "pushing" || !b.Resumed() {
 		t.Errorf("B's recovery %+v resumed %v, want resume at pushing", rec, b.Resumed())
@@ -540,19 +542,19 @@ func clCrashResume(t *testing.T, clientA, clientB redis.UniversalClient, ttl tim
 
 	evs := clHistory(t, envB.reg, subject, scope)
 	lost, ok := clFind(evs, "lease-lost")
-	if !ok || lost.Owner != ra.Owner() || lost.FencingToken != 1 {
-		t.Errorf("lease-lost event %+v (found %v), want owner %s token 1; history %v", lost, ok, ra.Owner(), clEventNames(evs))
+	if !ok || lost.Owner != ra.Owner() || lost.FencingToken != tokA {
+		t.Errorf("lease-lost event %+v (found %v), want owner %s token %d; history %v", lost, ok, ra.Owner(), tokA, clEventNames(evs))
 	}
 	rec, ok := clFind(evs, "recovered")
-	if !ok || rec.Outcome != "resume" || rec.FencingToken != 2 || rec.Owner != rb.Owner() || rec.Stage != "pushing" {
-		t.Errorf("recovered event %+v (found %v), want resume at pushing by %s with token 2", rec, ok, rb.Owner())
+	if !ok || rec.Outcome != "resume" || rec.FencingToken != v.FencingToken || rec.Owner != rb.Owner() || rec.Stage != "pushing" {
+		t.Errorf("recovered event %+v (found %v), want resume at pushing by %s with token %d", rec, ok, rb.Owner(), v.FencingToken)
 	}
 	if clCount(evs, "started") != 1 || clCount(evs, "recovered") != 1 || clCount(evs, "done") != 1 {
 		t.Errorf("history %v: want one started, one recovered, one done", clEventNames(evs))
 	}
 	for _, ev := range evs {
-		if ev.Event == "stage" && ev.Stage == "pulling" && ev.FencingToken != 1 {
-			t.Errorf("pulling completed under token %d, want 1", ev.FencingToken)
+		if ev.Event == "stage" && ev.Stage == "pulling" && ev.FencingToken != tokA {
+			t.Errorf("pulling completed under token %d, want A's %d", ev.FencingToken, tokA)
 		}
 	}
 
@@ -743,8 +745,8 @@ func TestChecklistHistoryShowsSourcesStagesResult(t *testing.T) {
 		}
 		switch ev.Event {
 		case "started", "stage", "done":
-			if ev.Owner != rn.Owner() || ev.FencingToken != 1 {
-				t.Errorf("%s event: owner %q token %d, want %q and 1", ev.Event, ev.Owner, ev.FencingToken, rn.Owner())
+			if ev.Owner != rn.Owner() || ev.FencingToken != v.FencingToken {
+				t.Errorf("%s event: owner %q token %d, want %q and %d", ev.Event, ev.Owner, ev.FencingToken, rn.Owner(), v.FencingToken)
 			}
 		}
 		if ev.Error != "" {

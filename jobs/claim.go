@@ -12,9 +12,28 @@ import (
 	"github.com/tasklease/tasklease/taskkey"
 )
 
+// claimKind is claim.lua's decision on a stream entry.
+type claimKind string
+
+const (
+	// claimAck: the entry was stale, or the claim ended the run (cancel,
+	// crash loop at maxAttempts); nothing to execute.
+	claimAck claimKind = "ack"
+	// claimBusy: a live lease exists or a retry is not due; the entry stays
+	// pending and becomes reclaimable when the lease would expire.
+	claimBusy claimKind = "busy"
+	// claimForeign: the run needs a stage or job this runner does not
+	// define (a rolling deploy); the entry is left to a runner that does.
+	claimForeign claimKind = "foreign"
+	// claimGranted: the lease is ours and the run entered its first
+	// incomplete stage.
+	claimGranted claimKind = "granted"
+)
+
 // claimResult is the decoded reply of claim.lua.
 type claimResult struct {
-	kind       string // ack, busy, granted
+	kind       claimKind
+	missing    string // claimForeign: the stage not defined here ("" = the whole job)
 	token      int64
 	done       int
 	cursor     []byte
@@ -24,17 +43,31 @@ type claimResult struct {
 	prevStatus Status
 }
 
-func (r *Runner) claim(ctx context.Context, k taskkey.Key, p int, m redis.XMessage, runID, source string, ttl time.Duration) (claimResult, error) {
+// claim runs claim.lua for entry m. job is nil when this runner does not
+// define the entry's scope.
+func (r *Runner) claim(ctx context.Context, k taskkey.Key, p int, m redis.XMessage, job *Job, runID, source string, ttl time.Duration) (claimResult, error) {
 	ks := r.reg.ks
+	stages, maxAttempts := "", 0
+	if job != nil {
+		stages, maxAttempts = r.reg.stagesCSV[job.Scope], job.Retry.MaxAttempts
+	}
 	res, err := r.reg.scripts.claim.Run(ctx, r.reg.rdb,
 		[]string{ks.Task(k), ks.Lease(k), ks.Fence(k), ks.Requests(p), ks.History(k), ks.Index(p), ks.Watch(p)},
 		m.ID, runID, source, r.owner, ttl.Milliseconds(), keyspace.Group, r.reg.histCap,
-		ks.Events(p), r.reg.retention.Milliseconds(), r.reclaimIdle.Milliseconds(), newRunID()).Slice()
+		ks.Events(p), r.reg.retention.Milliseconds(), r.reclaimIdle.Milliseconds(), newRunID(),
+		stages, maxAttempts, (r.reg.retention + ttl).Milliseconds()).Slice()
 	if err != nil {
 		return claimResult{}, err
 	}
-	c := claimResult{kind: fmt.Sprint(res[0])}
-	if c.kind != "granted" {
+	c := claimResult{kind: claimKind(replyString(res[0]))}
+	switch c.kind {
+	case claimGranted:
+	case claimForeign:
+		if len(res) > 1 {
+			c.missing = replyString(res[1])
+		}
+		return c, nil
+	default:
 		return c, nil
 	}
 	if len(res) < 9 {
@@ -42,15 +75,15 @@ func (r *Runner) claim(ctx context.Context, k taskkey.Key, p int, m redis.XMessa
 	}
 	c.token, _ = res[1].(int64)
 	c.done = int(toInt(res[2]))
-	if s := fmt.Sprint(res[3]); s != "" {
+	if s := replyString(res[3]); s != "" {
 		c.cursor = []byte(s)
 	}
 	c.attempt = int(toInt(res[4]))
-	c.stages = splitList(fmt.Sprint(res[5]))
-	for _, s := range splitList(fmt.Sprint(res[6])) {
+	c.stages = splitList(replyString(res[5]))
+	for _, s := range splitList(replyString(res[6])) {
 		c.sources = append(c.sources, Source(s))
 	}
-	c.prevStatus = Status(fmt.Sprint(res[8]))
+	c.prevStatus = Status(replyString(res[8]))
 	return c, nil
 }
 

@@ -30,7 +30,7 @@ func Example() {
 			})},
 			{Name: "pushing", Handler: jobs.HandlerFunc(func(ctx context.Context, run *jobs.Run) error {
 				// Hand the fencing token to every downstream write.
-				fmt.Println("pushing for", run.Subject(), "token", run.FencingToken(), "sources", run.Sources())
+				fmt.Println("pushing for", run.Subject(), "fenced:", run.FencingToken() > 0, "sources", run.Sources())
 				return nil
 			})},
 		},
@@ -60,6 +60,6 @@ func Example() {
 	<-done
 	// Output:
 	// started joined
-	// pushing for u42 token 1 sources [manual schedule]
+	// pushing for u42 fenced: true sources [manual schedule]
 	// u42|course_sync done [pulling pushing]
 }

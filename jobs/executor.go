@@ -36,25 +36,32 @@ func (r *Runner) process(p int, m redis.XMessage) {
 		return
 	}
 	runID, source := str("runId"), str("source")
-	job, ok := r.reg.jobs[k.Scope()]
-	if !ok {
-		// Another runner may have this job; leave the entry to be reclaimed.
-		r.log.Warn("request for a scope this runner does not know", slog.String("task_key", k.String()))
-		return
-	}
+	// A job this runner does not define (job == nil) still goes through
+	// claim, which leaves the entry to a runner that defines it and says so
+	// in the task view (rolling deploys).
+	job := r.reg.jobs[k.Scope()]
 	runCtx, cancelRun := context.WithCancelCause(r.workCtx)
 	defer cancelRun(nil)
-	defer r.track(k.String(), cancelRun)()
-	ttl := cmp0(job.LeaseTTL, r.cfg.LeaseTTL)
+	defer r.track(cancelID(k.String(), runID), cancelRun)()
+	ttl := r.cfg.LeaseTTL
+	if job != nil {
+		ttl = cmp0(job.LeaseTTL, ttl)
+	}
 	sent := time.Now()
-	c, err := r.claim(ctx, k, p, m, runID, source, ttl)
+	c, err := r.claim(ctx, k, p, m, job, runID, source, ttl)
 	if err != nil {
 		if ctx.Err() == nil {
 			r.log.Warn("claim failed; the entry will be reclaimed", slog.String("task_key", k.String()), slog.Any("error", err))
 		}
 		return
 	}
-	if c.kind != "granted" {
+	switch c.kind {
+	case claimGranted:
+	case claimForeign:
+		r.log.Debug("run needs a stage or job this runner does not define; left to another runner",
+			slog.String("task_key", k.String()), slog.String("run_id", runID), slog.String("stage", c.missing))
+		return
+	default:
 		return
 	}
 	lease := leasing.Lease{Key: k, Owner: r.owner, Token: c.token, TTL: ttl, GrantedAt: sent}
@@ -114,18 +121,29 @@ func (r *Runner) execute(runCtx context.Context, cancelRun context.CancelCauseFu
 			break
 		}
 		name := c.stages[i]
-		st := job.stage(name)
-		if st == nil {
-			result, stageErr = resultFailed, fmt.Errorf("stage %q is no longer defined for job %s", name, job.Scope)
-			break
-		}
+		st := job.stage(name) // claim checked that every remaining stage is defined here
 		run.stage = name
 		if i > rec.StageIndex {
 			run.cursor = nil
 		}
 		err := r.runStage(kctx, st, run, log)
-		if err == nil && kctx.Err() == nil {
-			if i == len(c.stages)-1 {
+		last := i == len(c.stages)-1
+		if err == nil && kctx.Err() != nil {
+			// The stage returned nil after its context was cancelled
+			// (shutdown grace over, or a cancel): it is done, and must not
+			// run again. finish records it, fenced, before the hand-back or
+			// the cancel; a lost lease writes nothing.
+			result, stageErr = r.classify(kctx, context.Cause(kctx))
+			if result == resultHandback || result == resultCancelled {
+				completed = name
+				if last { // nothing is left to hand back or to stop
+					result, stageErr = resultDone, nil
+				}
+			}
+			break
+		}
+		if err == nil {
+			if last {
 				completed = name // finish marks the last stage done, saving a round trip
 				break
 			}

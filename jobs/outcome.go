@@ -29,7 +29,8 @@ func (r *Runner) finish(job *Job, p int, lease leasing.Lease, runID, result, com
 	res, err := r.reg.scripts.finish.Run(ctx, r.reg.rdb,
 		[]string{ks.Task(k), ks.Lease(k), ks.Requests(p), ks.History(k), ks.Index(p), ks.Retry(p), ks.Watch(p)},
 		lease.Owner, lease.Token, runID, result, completed, errText, delay.Milliseconds(), keyspace.Group,
-		r.reg.histCap, ks.Events(p), r.reg.retention.Milliseconds(), newRunID()).Slice()
+		r.reg.histCap, ks.Events(p), r.reg.retention.Milliseconds(), newRunID(),
+		r.reg.stagesCSV[job.Scope], job.Retry.MaxAttempts).Slice()
 	if err != nil {
 		log.Warn("finish failed; the run will be recovered when its lease expires", slog.Any("error", err))
 		return

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strconv"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
@@ -11,30 +12,95 @@ import (
 	"github.com/tasklease/tasklease/internal/keyspace"
 )
 
-// reclaimAll takes over entries idle for longer than the lease TTL: their
-// holders stopped heartbeating. claim re-checks each against its lease.
+// reclaimAll takes over entries idle for longer than the shortest lease
+// TTL: their holders stopped heartbeating. claim re-checks each against its
+// lease. Each partition is scanned from where the previous pass stopped
+// (XPENDING … IDLE from a cursor), so the entries of a dead runner are
+// reached however many live, heartbeating entries precede them, and
+// entries nobody here can execute (a job or stage this runner does not
+// define) cannot hold the scan at the same place.
 func (r *Runner) reclaimAll(ctx context.Context) {
 	for p := range r.reg.ks.Partitions() {
+		if !r.reclaimPartition(ctx, p) {
+			return // no free slot: the next pass continues where this stopped
+		}
+	}
+}
+
+// reclaimMaxRounds bounds one partition's share of a pass.
+const reclaimMaxRounds = 8
+
+// reclaimPartition reclaims idle entries of partition p while it has free
+// slots, at most one full sweep of the pending list; false when it ran out
+// of slots.
+func (r *Runner) reclaimPartition(ctx context.Context, p int) bool {
+	stream := r.reg.ks.Requests(p)
+	for range reclaimMaxRounds {
 		n := r.tryAcquire(r.cfg.FetchBatch)
 		if n == 0 {
-			return
+			return false
 		}
-		msgs, _, err := r.reg.rdb.XAutoClaim(ctx, &redis.XAutoClaimArgs{
-			Stream: r.reg.ks.Requests(p), Group: keyspace.Group, Consumer: r.owner,
-			MinIdle: r.reclaimIdle, Start: "0-0", Count: int64(n),
+		start := r.reclaimFrom[p]
+		if start == "" {
+			start = "-"
+		}
+		pend, err := r.reg.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{
+			Stream: stream, Group: keyspace.Group, Idle: r.reclaimIdle, Start: start, End: "+", Count: int64(n),
 		}).Result()
 		if err != nil && !errors.Is(err, redis.Nil) {
 			r.release(n)
 			if ctx.Err() == nil && !strings.Contains(err.Error(), "NOGROUP") {
 				r.log.Warn("reclaim failed", slog.Int("partition", p), slog.Any("error", err))
 			}
-			continue
+			return true
 		}
-		r.release(n - len(msgs))
+		if len(pend) < n {
+			r.reclaimFrom[p] = "" // swept to the end: start over next pass
+		} else {
+			r.reclaimFrom[p] = nextStreamID(pend[len(pend)-1].ID)
+		}
+		var msgs []redis.XMessage
+		if len(pend) > 0 {
+			ids := make([]string, len(pend))
+			for i, e := range pend {
+				ids[i] = e.ID
+			}
+			// XCLAIM re-checks the idle time atomically: of two runners
+			// reclaiming at once, one gets each entry.
+			msgs, err = r.reg.rdb.XClaim(ctx, &redis.XClaimArgs{
+				Stream: stream, Group: keyspace.Group, Consumer: r.owner, MinIdle: r.reclaimIdle, Messages: ids,
+			}).Result()
+			if err != nil && !errors.Is(err, redis.Nil) {
+				msgs = nil
+				if ctx.Err() == nil {
+					r.log.Warn("reclaim failed", slog.Int("partition", p), slog.Any("error", err))
+				}
+			}
+		}
+		dispatched := 0
 		for _, m := range msgs {
+			if m.Values == nil { // deleted from the stream meanwhile
+				continue
+			}
 			r.dispatch(p, m)
+			dispatched++
+		}
+		r.release(n - dispatched)
+		if r.reclaimFrom[p] == "" {
+			return true
 		}
 	}
+	return true
+}
+
+// nextStreamID returns the smallest stream id after id ("ms-seq").
+func nextStreamID(id string) string {
+	ms, seq, ok := strings.Cut(id, "-")
+	n, err := strconv.ParseUint(seq, 10, 64)
+	if !ok || err != nil {
+		return id
+	}
+	return ms + "-" + strconv.FormatUint(n+1, 10)
 }
 
 // moveRetries moves due retries of every partition back into the streams.

@@ -70,10 +70,11 @@ type Registry struct {
 	leases    *leasing.Manager
 	store     *checkpoints.Store
 	scripts   scripts
+	hub       *hub // the one pub/sub connection of this Registry
 }
 
 type scripts struct {
-	submit, claim, heartbeat, finish, cancel, retryMove *redis.Script
+	submit, submitMany, claim, heartbeat, finish, cancel, retryMove, janitor *redis.Script
 }
 
 // NewRegistry validates cfg and returns a Registry on rdb.
@@ -100,14 +101,16 @@ func NewRegistry(rdb redis.UniversalClient, cfg Config) (*Registry, error) {
 	r := &Registry{
 		rdb: rdb, ks: ks, histCap: cfg.HistoryCap, retention: cfg.Retention,
 		jobs: make(map[string]*Job, len(cfg.Jobs)), stagesCSV: make(map[string]string, len(cfg.Jobs)),
-		log: cfg.Logger, metrics: newMetrics(),
+		log: cfg.Logger, metrics: newMetrics(), hub: newHub(rdb),
 		scripts: scripts{
-			submit:    lua.MustScript("submit"),
-			claim:     lua.MustScript("claim"),
-			heartbeat: lua.MustScript("heartbeat"),
-			finish:    lua.MustScript("finish"),
-			cancel:    lua.MustScript("cancel"),
-			retryMove: lua.MustScript("retry_move"),
+			submit:     lua.MustScript("submit"),
+			submitMany: lua.MustScript("submit_many"),
+			janitor:    lua.MustScript("janitor"),
+			claim:      lua.MustScript("claim"),
+			heartbeat:  lua.MustScript("heartbeat"),
+			finish:     lua.MustScript("finish"),
+			cancel:     lua.MustScript("cancel"),
+			retryMove:  lua.MustScript("retry_move"),
 		},
 	}
 	for i := range cfg.Jobs {
@@ -124,7 +127,7 @@ func NewRegistry(rdb redis.UniversalClient, cfg Config) (*Registry, error) {
 		r.stagesCSV[j.Scope] = strings.Join(j.StageNames(), ",")
 	}
 	slices.Sort(r.scopes)
-	if r.leases, err = leasing.NewManager(rdb, leasing.Config{Prefix: ks.Prefix(), Partitions: ks.Partitions()}); err != nil {
+	if r.leases, err = leasing.NewManager(rdb, leasing.Config{Prefix: ks.Prefix(), Partitions: ks.Partitions(), FenceTTL: cfg.Retention}); err != nil {
 		return nil, err
 	}
 	if r.store, err = checkpoints.NewStore(rdb, checkpoints.Config{Prefix: ks.Prefix(), Partitions: ks.Partitions(), HistoryCap: cfg.HistoryCap}); err != nil {
@@ -432,26 +435,6 @@ func (r *Registry) CancelSubject(ctx context.Context, subject string) (map[strin
 	return out, nil
 }
 
-// Subjects returns every subject ever submitted for scope (what a schedule
-// with "subjects: all" fans out to).
-func (r *Registry) Subjects(ctx context.Context, scope string) ([]string, error) {
-	if _, ok := r.jobs[scope]; !ok {
-		return nil, fmt.Errorf("%w: %q", ErrUnknownScope, scope)
-	}
-	var out []string
-	for p := range r.ks.Partitions() {
-		iter := r.rdb.SScan(ctx, r.ks.Subjects(p, scope), 0, "", 1000).Iterator()
-		for iter.Next(ctx) {
-			out = append(out, iter.Val())
-		}
-		if err := iter.Err(); err != nil {
-			return nil, fmt.Errorf("jobs: subjects %s: %w", scope, err)
-		}
-	}
-	slices.Sort(out)
-	return slices.Compact(out), nil
-}
-
 // QueueDepth returns the number of requests in the partition streams and in
 // the retry queues.
 func (r *Registry) QueueDepth(ctx context.Context) (stream, retry int64, err error) {
@@ -473,8 +456,10 @@ func (r *Registry) QueueDepth(ctx context.Context) (stream, retry int64, err err
 }
 
 // Subscribe delivers a TaskView for every state change until ctx ends (the
-// channel is then closed). Views come from Redis pub/sub: a slow reader
-// loses messages rather than blocking Redis; Get the task for a fresh view.
+// channel is then closed). Views come from Redis pub/sub over the one
+// connection the Registry shares among all its subscribers: a slow reader
+// loses messages rather than blocking Redis or the other subscribers; Get
+// the task for a fresh view.
 func (r *Registry) Subscribe(ctx context.Context) (<-chan TaskView, error) {
 	chans := make([]string, r.ks.Partitions())
 	for p := range chans {
@@ -485,16 +470,14 @@ func (r *Registry) Subscribe(ctx context.Context) (<-chan TaskView, error) {
 	if err := r.watch(ctx); err != nil {
 		return nil, fmt.Errorf("jobs: subscribe: %w", err)
 	}
-	ps := r.rdb.Subscribe(ctx, chans...)
-	if _, err := ps.Receive(ctx); err != nil {
-		ps.Close()
-		return nil, fmt.Errorf("jobs: subscribe: %w", err)
+	sub, err := r.hub.subscribe(ctx, chans)
+	if err != nil {
+		return nil, err
 	}
 	out := make(chan TaskView, 64)
 	go func() {
 		defer close(out)
-		defer ps.Close()
-		msgs := ps.Channel(redis.WithChannelSize(256))
+		defer sub.Close()
 		refresh := time.NewTicker(WatchTTL / 3)
 		defer refresh.Stop()
 		for {
@@ -505,10 +488,7 @@ func (r *Registry) Subscribe(ctx context.Context) (<-chan TaskView, error) {
 				if err := r.watch(ctx); err != nil && ctx.Err() == nil {
 					r.log.Warn("refreshing the event watch keys failed", slog.Any("error", err))
 				}
-			case m, ok := <-msgs:
-				if !ok {
-					return
-				}
+			case m := <-sub.C:
 				var f map[string]string
 				if err := json.Unmarshal([]byte(m.Payload), &f); err != nil {
 					continue

@@ -55,6 +55,10 @@ type RunnerConfig struct {
 	// RetryPoll: how often due retries are moved back to the streams
 	// (default 500ms).
 	RetryPoll time.Duration
+	// JanitorInterval: how often this runner prunes expired subjects,
+	// index entries and consumer-group members of gone runners (default
+	// JanitorIntervalDefault).
+	JanitorInterval time.Duration
 }
 
 func (c *RunnerConfig) normalize() error {
@@ -83,13 +87,14 @@ func (c *RunnerConfig) normalize() error {
 	def(&c.ShutdownGrace, ShutdownGraceDefault)
 	def(&c.FetchBlock, FetchBlockDefault)
 	def(&c.RetryPoll, RetryPollDefault)
+	def(&c.JanitorInterval, JanitorIntervalDefault)
 	def(&c.ReclaimInterval, min(c.LeaseTTL/4, ReclaimIntervalMax))
 	switch {
 	case c.Concurrency < 1 || c.FetchBatch < 1:
 		return fmt.Errorf("%w: concurrency and fetch batch must be >= 1", ErrConfig)
 	case c.LeaseTTL < 30*time.Millisecond:
 		return fmt.Errorf("%w: lease TTL %s below 30ms", ErrConfig, c.LeaseTTL)
-	case c.ShutdownGrace < 0 || c.FetchBlock <= 0 || c.RetryPoll <= 0 || c.ReclaimInterval <= 0:
+	case c.ShutdownGrace < 0 || c.FetchBlock <= 0 || c.RetryPoll <= 0 || c.ReclaimInterval <= 0 || c.JanitorInterval <= 0:
 		return fmt.Errorf("%w: durations must be positive", ErrConfig)
 	}
 	return nil
@@ -107,6 +112,9 @@ type Runner struct {
 	// reclaimIdle: entries idle this long are re-examined by claim; the
 	// shortest lease TTL of any job, so no expired lease waits for longer.
 	reclaimIdle time.Duration
+	// reclaimFrom is, per partition, where the reclaimer's next scan of the
+	// pending entries starts ("" = the beginning). Reclaimer goroutine only.
+	reclaimFrom []string
 	log         *slog.Logger
 	slots       chan struct{}
 
@@ -114,7 +122,7 @@ type Runner struct {
 	workCancel context.CancelCauseFunc
 
 	mu     sync.Mutex
-	active map[string]map[*context.CancelCauseFunc]struct{} // task key → cancels of local claims/runs
+	active map[string]map[*context.CancelCauseFunc]struct{} // cancelID (key + run) → cancels of local claims/runs
 	wg     sync.WaitGroup
 }
 
@@ -137,9 +145,10 @@ func NewRunner(reg *Registry, cfg RunnerConfig) (*Runner, error) {
 	owner := cfg.ID + "/" + newRunID()[:6]
 	return &Runner{
 		reg: reg, cfg: cfg, owner: owner, reclaimIdle: reclaimIdle,
-		log:    reg.log.With(slog.String("owner", owner)),
-		slots:  make(chan struct{}, cfg.Concurrency),
-		active: make(map[string]map[*context.CancelCauseFunc]struct{}),
+		reclaimFrom: make([]string, reg.ks.Partitions()),
+		log:         reg.log.With(slog.String("owner", owner)),
+		slots:       make(chan struct{}, cfg.Concurrency),
+		active:      make(map[string]map[*context.CancelCauseFunc]struct{}),
 	}, nil
 }
 
@@ -180,6 +189,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	loops.Go(func() { r.every(ctx, r.cfg.ReclaimInterval, r.reclaimAll) })
 	loops.Go(func() { r.every(ctx, r.cfg.RetryPoll, r.moveRetries) })
+	loops.Go(func() { r.every(ctx, r.cfg.JanitorInterval, r.janitorPass) })
 	loops.Go(func() { r.cancelListener(ctx, cancels) })
 	r.log.Info("runner started", slog.Int("concurrency", r.cfg.Concurrency), slog.Int("partitions", r.reg.ks.Partitions()))
 	<-ctx.Done()

@@ -6,7 +6,7 @@
 -- KEYS[4] partition index   KEYS[5] partition retry queue
 -- KEYS[6] partition watch key (views are published only while it exists)
 -- ARGV[1] group   ARGV[2] history cap   ARGV[3] events channel
--- ARGV[4] cancel channel   ARGV[5] retention (ms)   ARGV[6] requester source
+-- ARGV[4] cancel channel (payload "<task key> <runId>")   ARGV[5] retention (ms)   ARGV[6] requester source
 -- returns 'cancelled' | 'cancelling' | 'not_running'
 local task = KEYS[1]
 local rec = redis.call('HMGET', task, 'status', 'runId', 'key')
@@ -17,7 +17,7 @@ redis.call('HSET', task, 'followUp', '0', 'followUpSources', '')
 if status == 'running' then
   redis.call('HSET', task, 'cancel', '1', 'updatedAt', now)
   publish_view(task, ARGV[3], KEYS[6])
-  redis.call('PUBLISH', ARGV[4], rec[3])
+  redis.call('PUBLISH', ARGV[4], cancel_payload(rec[3], rec[2]))
   return 'cancelling'
 end
 redis.call('ZREM', KEYS[5], rec[2] .. ' ' .. rec[3])

@@ -9,9 +9,16 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- tok_str formats a fencing token (or any integer number) for Redis: Lua's
+-- tostring gives "1.7e+15" for microsecond tokens.
+local function tok_str(n)
+  if type(n) == 'string' then return n end
+  return string.format('%.0f', n)
+end
+
 -- lease_value is what a lease key holds: "<token>|<owner>".
 local function lease_value(token, owner)
-  return tostring(token) .. '|' .. owner
+  return tok_str(token) .. '|' .. owner
 end
 
 -- lease_held reports whether lease_key is held by owner with token.
@@ -19,14 +26,21 @@ local function lease_held(lease_key, owner, token)
   return redis.call('GET', lease_key) == lease_value(token, owner)
 end
 
--- lease_grant takes a free lease: SET NX PX, then INCR of the fence counter
--- for the token. Returns token, or nil, holder value, remaining ms.
-local function lease_grant(lease_key, fence_key, owner, ttl_ms)
+-- lease_grant takes a free lease (SET PX) with the next fencing token:
+-- max(previous token + 1, Redis TIME in microseconds). The time floor keeps
+-- tokens monotonic when Redis loses the fence counter (restart without
+-- persistence, failover to a lagging replica, a flush), so the counter may
+-- expire (fence_ttl_ms) with the record it fences. Tokens stay below 2^53.
+-- Returns token (a number), or nil, holder value, remaining ms.
+local function lease_grant(lease_key, fence_key, owner, ttl_ms, fence_ttl_ms)
   local cur = redis.call('GET', lease_key)
   if cur then
     return nil, cur, redis.call('PTTL', lease_key)
   end
-  local token = redis.call('INCR', fence_key)
+  local t = redis.call('TIME')
+  local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local token = math.max((tonumber(redis.call('GET', fence_key)) or 0) + 1, now_us)
+  redis.call('SET', fence_key, tok_str(token), 'PX', fence_ttl_ms)
   redis.call('SET', lease_key, lease_value(token, owner), 'PX', ttl_ms)
   return token
 end
@@ -58,7 +72,7 @@ end
 local function fenced(lease_key, task_key, owner, token, run_id)
   if not lease_held(lease_key, owner, token) then return false end
   local rec = redis.call('HMGET', task_key, 'runId', 'token')
-  return rec[1] == run_id and rec[2] == tostring(token)
+  return rec[1] == run_id and rec[2] == tok_str(token)
 end
 
 -- split splits s on sep (a single plain character); "" gives {}.
@@ -95,7 +109,7 @@ local function cp_begin(task_key, run_id, stages_csv, owner, token, now)
   local stage = stages[done + 1] or ''
   local attempt = redis.call('HINCRBY', task_key, 'attempt', 1)
   redis.call('HSET', task_key, 'status', 'running', 'stage', stage, 'owner', owner,
-    'token', token, 'updatedAt', now, 'nextAttemptAt', '')
+    'token', tok_str(token), 'updatedAt', now, 'nextAttemptAt', '', 'waiting', '')
   return done, stage, cursor, attempt
 end
 
@@ -126,7 +140,7 @@ local function new_run(task_key, stream_key, hist_key, key, run_id, stages_csv, 
     'stage', '', 'cursor', '', 'attempt', 0, 'maxAttempts', max_attempts, 'sources', sources,
     'owner', '', 'token', '', 'requestedAt', now, 'startedAt', '', 'updatedAt', now, 'finishedAt', '',
     'nextAttemptAt', '', 'lastError', '', 'cancel', '0', 'followUp', '0', 'followUpSources', '',
-    'entry', id)
+    'entry', id, 'waiting', '')
   redis.call('PERSIST', task_key)
   redis.call('PERSIST', hist_key)
   return id
@@ -135,14 +149,18 @@ end
 -- finish_terminal ends the current run as done, failed or cancelled: it
 -- acknowledges its request, records the result, and starts the queued
 -- follow-up if there is one; otherwise record and history expire after the
--- retention. The caller has already released (or never held) the lease.
--- c: {task, stream, hist, index, group, cap, channel, retention, next_run_id, now}
+-- retention. A follow-up is a new run: it takes the job's current
+-- definition (c.stages, c.max_attempts, from the caller's registry), not the
+-- ended run's; c.stages '' (a caller that does not define the job) keeps the
+-- ended run's. The caller has already released (or never held) the lease.
+-- c: {task, stream, hist, index, group, cap, channel, retention, next_run_id,
+--     stages, max_attempts, now}
 local function finish_terminal(c, result, err)
   local rec = redis.call('HMGET', c.task, 'entry', 'runId', 'key', 'followUp', 'followUpSources',
     'stages', 'maxAttempts', 'stage', 'owner', 'token')
   ack_entry(c.stream, c.group, rec[1])
   local fields = {'status', result, 'finishedAt', c.now, 'updatedAt', c.now, 'stage', '',
-    'lastError', err or '', 'cancel', '0', 'entry', '', 'nextAttemptAt', ''}
+    'lastError', err or '', 'cancel', '0', 'entry', '', 'nextAttemptAt', '', 'waiting', ''}
   if result == 'done' then
     fields[#fields + 1] = 'lastSuccessAt'
     fields[#fields + 1] = c.now
@@ -154,12 +172,93 @@ local function finish_terminal(c, result, err)
   if rec[4] == '1' and c.next_run_id ~= '' then
     local srcs = rec[5]
     local first = split(srcs, ',')[1] or 'manual'
-    new_run(c.task, c.stream, c.hist, rec[3], c.next_run_id, rec[6], rec[7], srcs, first, c.now)
+    local stages, max_attempts = rec[6], rec[7]
+    if c.stages and c.stages ~= '' then stages, max_attempts = c.stages, c.max_attempts end
+    new_run(c.task, c.stream, c.hist, rec[3], c.next_run_id, stages, max_attempts, srcs, first, c.now)
     hist_add(c.hist, c.cap, c.now, 'requested', c.next_run_id, {'source', first, 'outcome', 'started'})
   elseif tonumber(c.retention) > 0 then
     redis.call('PEXPIRE', c.task, c.retention)
     redis.call('PEXPIRE', c.hist, c.retention)
   end
+end
+
+-- cancel_payload is what the cancel channel carries: "<task key> <runId>",
+-- so a late message never stops a newer run of the key.
+local function cancel_payload(key, run_id)
+  return key .. ' ' .. run_id
+end
+
+-- submit_one routes one TaskStartRequest (see submit.lua for the rules).
+-- Dedup is by task key only; the source is recorded, never compared.
+-- a: {task, hist, stream, index, subjects, retry, watch (keys);
+--     key, subject, source, policy, run_id, stages, max_attempts,
+--     min_interval (ms), cap, events, cancels, group, retention (ms),
+--     occ_field, occ (a schedule occurrence: '' for none), now}
+-- returns the outcome: started | joined | queued | skipped | replaced |
+-- throttled, or duplicate when occ_field already holds occ (this
+-- occurrence already reached the key; nothing is written).
+local function submit_one(a)
+  local task, hist, now = a.task, a.hist, a.now
+  if a.occ ~= '' and redis.call('HGET', task, a.occ_field) == a.occ then return 'duplicate' end
+  -- "subjects: all" means every subject people or apps asked for within
+  -- the retention: schedule requests do not keep a subject in the set.
+  if a.source ~= 'schedule' then redis.call('ZADD', a.subjects, now, a.subject) end
+  local outcome
+  local rec = redis.call('HMGET', task, 'status', 'runId', 'lastSuccessAt', 'sources', 'followUpSources')
+  local status = rec[1]
+  local active = status == 'queued' or status == 'running' or status == 'retrying'
+  local cur = rec[2]
+  if not active then
+    local last = tonumber(rec[3])
+    if a.min_interval > 0 and last and (a.source == 'schedule' or a.source == 'foreground')
+        and now - last < a.min_interval then
+      hist_add(hist, a.cap, now, 'throttled', cur or '', {'source', a.source, 'outcome', 'throttled'})
+      outcome = 'throttled'
+    else
+      if not status then
+        redis.call('HSET', task, 'key', a.key, 'subject', a.subject, 'scope', string.sub(a.key, #a.subject + 2))
+      end
+      new_run(task, a.stream, hist, a.key, a.run_id, a.stages, a.max_attempts, a.source, a.source, now)
+      hist_add(hist, a.cap, now, 'requested', a.run_id, {'source', a.source, 'outcome', 'started'})
+      redis.call('ZADD', a.index, now, a.key)
+      publish_view(task, a.events, a.watch)
+      outcome = 'started'
+    end
+  elseif a.policy == 'join' then
+    redis.call('HSET', task, 'sources', add_source(rec[4], a.source), 'updatedAt', now)
+    hist_add(hist, a.cap, now, 'joined', cur, {'source', a.source, 'outcome', 'joined'})
+    publish_view(task, a.events, a.watch)
+    outcome = 'joined'
+  elseif a.policy == 'skip' then
+    hist_add(hist, a.cap, now, 'skipped', cur, {'source', a.source, 'outcome', 'skipped'})
+    outcome = 'skipped'
+  elseif a.policy == 'queue' then
+    redis.call('HSET', task, 'followUp', '1', 'followUpSources', add_source(rec[5], a.source), 'updatedAt', now)
+    hist_add(hist, a.cap, now, 'requested', cur, {'source', a.source, 'outcome', 'queued'})
+    publish_view(task, a.events, a.watch)
+    outcome = 'queued'
+  else
+    -- replace: the active run is cancelled through the registry and a
+    -- fresh run follows. A run nobody executes (queued, or waiting for its
+    -- retry backoff) is ended here; a running one is flagged, and its
+    -- holder ends it as cancelled, which starts the follow-up.
+    hist_add(hist, a.cap, now, 'requested', cur, {'source', a.source, 'outcome', 'replaced'})
+    redis.call('HSET', task, 'followUp', '1', 'followUpSources', a.source)
+    if status == 'running' then
+      redis.call('HSET', task, 'cancel', '1', 'updatedAt', now)
+      publish_view(task, a.events, a.watch)
+      redis.call('PUBLISH', a.cancels, cancel_payload(a.key, cur))
+    else
+      redis.call('ZREM', a.retry, cur .. ' ' .. a.key)
+      finish_terminal({task = task, stream = a.stream, hist = hist, index = a.index, group = a.group, cap = a.cap,
+        channel = a.events, retention = a.retention, next_run_id = a.run_id, stages = a.stages,
+        max_attempts = a.max_attempts, now = now}, 'cancelled', 'replaced')
+      publish_view(task, a.events, a.watch)
+    end
+    outcome = 'replaced'
+  end
+  if a.occ ~= '' then redis.call('HSET', task, a.occ_field, a.occ) end
+  return outcome
 end
 
 -- recovery_mode mirrors checkpoints.Decide for the history event of a

@@ -82,8 +82,9 @@ func (s *Space) taskKey(kind string, k taskkey.Key) string {
 // Lease is the key's lease: a string "<token>|<owner>" with a PX expiry.
 func (s *Space) Lease(k taskkey.Key) string { return s.taskKey("lease", k) }
 
-// Fence is the key's fencing counter. It never expires, so tokens stay
-// monotonic for the life of the deployment.
+// Fence is the key's fencing counter: the last token granted. It expires
+// with the record it fences; tokens stay monotonic without it because a
+// grant's token is never below Redis time in microseconds.
 func (s *Space) Fence(k taskkey.Key) string { return s.taskKey("fence", k) }
 
 // Task is the key's run record and checkpoint (a hash).
@@ -101,8 +102,11 @@ func (s *Space) Retry(p int) string { return s.tags[p] + ":retry" }
 // Index is partition p's task index: a sorted set of task keys by last update.
 func (s *Space) Index(p int) string { return s.tags[p] + ":index" }
 
-// Subjects is partition p's set of every subject ever submitted for scope.
-func (s *Space) Subjects(p int, scope string) string { return s.tags[p] + ":subjects:" + scope }
+// Subjects is partition p's sorted set of the subjects requested for scope
+// (by anything but a schedule), scored by the last such request's Redis
+// time in ms: what "subjects: all" fans out to. Members older than the
+// retention are pruned.
+func (s *Space) Subjects(p int, scope string) string { return s.tags[p] + ":subjects-seen:" + scope }
 
 // Events is partition p's pub/sub channel of TaskView changes.
 func (s *Space) Events(p int) string { return s.tags[p] + ":events" }

@@ -1,0 +1,200 @@
+package jobs
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/tasklease/tasklease/internal/keyspace"
+	"github.com/tasklease/tasklease/taskkey"
+)
+
+// OutcomeDuplicate answers SubmitMany for a subject this occurrence
+// already reached (a fan-out resumed after a crash or a Redis error):
+// nothing was recorded, the subject's one request stands.
+const OutcomeDuplicate Outcome = "duplicate"
+
+// submitManyChunk bounds the subjects one script call submits, so a big
+// batch never blocks Redis for long (about 30 µs of Redis time each).
+const submitManyChunk = 128
+
+// Occurrence names one firing of a cron schedule: SubmitMany with an
+// Occurrence gives each subject exactly one request for it, however often
+// the batch is retried.
+type Occurrence struct {
+	Schedule string
+	At       time.Time
+}
+
+// SubmitManyOptions qualify a SubmitMany batch. Zero values: source
+// manual, the job's conflict policy, no occurrence.
+type SubmitManyOptions struct {
+	Source     Source
+	Policy     Policy
+	Occurrence *Occurrence
+}
+
+// SubmitMany submits one request per subject of scope — what a cron
+// fan-out or a bulk "sync everyone" does — with the same rules as Submit,
+// in one script call per partition and at most submitManyChunk subjects,
+// all pipelined in one round trip. It returns the outcomes in subject
+// order; duplicates in subjects get one request (the repeats answer like
+// a second request would, e.g. joined). Invalid input writes nothing.
+//
+// With opts.Occurrence each key records the occurrence, and a subject the
+// same occurrence already reached answers OutcomeDuplicate and writes
+// nothing, so resuming an interrupted fan-out never sends a second request.
+func (r *Registry) SubmitMany(ctx context.Context, scope string, subjects []string, opts SubmitManyOptions) ([]Outcome, error) {
+	job, ok := r.jobs[scope]
+	if !ok {
+		return nil, fmt.Errorf("%w: %q", ErrUnknownScope, scope)
+	}
+	if opts.Source == "" {
+		opts.Source = SourceManual
+	}
+	if _, err := ParseSource(string(opts.Source)); err != nil {
+		return nil, err
+	}
+	if opts.Policy == "" {
+		opts.Policy = job.OnConflict
+	}
+	if _, err := ParsePolicy(string(opts.Policy)); err != nil {
+		return nil, err
+	}
+	occField, occ := "", ""
+	if o := opts.Occurrence; o != nil {
+		if o.Schedule == "" {
+			return nil, fmt.Errorf("%w: occurrence without a schedule name", ErrConfig)
+		}
+		occField, occ = "occ:"+o.Schedule, strconv.FormatInt(o.At.Unix(), 10)
+	}
+	keys := make([]taskkey.Key, len(subjects))
+	byPart := make(map[int][]int)
+	for i, subj := range subjects {
+		k, err := taskkey.New(subj, scope)
+		if err != nil {
+			return nil, err
+		}
+		keys[i] = k
+		p := r.ks.Partition(k)
+		byPart[p] = append(byPart[p], i)
+	}
+	type call struct {
+		idx  []int
+		keys []string
+		args []any
+		cmd  *redis.Cmd
+	}
+	var calls []*call
+	for p, idx := range byPart {
+		for chunk := range slices.Chunk(idx, submitManyChunk) {
+			c := &call{idx: chunk, keys: make([]string, 0, 5+2*len(chunk)), args: make([]any, 0, 13+2*len(chunk))}
+			c.keys = append(c.keys, r.ks.Requests(p), r.ks.Index(p), r.ks.Subjects(p, scope), r.ks.Retry(p), r.ks.Watch(p))
+			c.args = append(c.args, scope, string(opts.Source), string(opts.Policy), r.stagesCSV[scope],
+				job.Retry.MaxAttempts, job.MinInterval.Milliseconds(), r.histCap, r.ks.Events(p), r.ks.Cancels(p),
+				keyspace.Group, r.retention.Milliseconds(), occField, occ)
+			for _, i := range chunk {
+				c.keys = append(c.keys, r.ks.Task(keys[i]), r.ks.History(keys[i]))
+				c.args = append(c.args, subjects[i], newRunID())
+			}
+			calls = append(calls, c)
+		}
+	}
+	// One pipelined round trip of EVALSHAs; after a SCRIPT FLUSH or a
+	// restart the calls answered NOSCRIPT (and did nothing) are sent again
+	// once the script is loaded.
+	todo := calls
+	for attempt := 0; len(todo) > 0; attempt++ {
+		pipe := r.rdb.Pipeline()
+		for _, c := range todo {
+			c.cmd = r.scripts.submitMany.EvalSha(ctx, pipe, c.keys, c.args...)
+		}
+		_, _ = pipe.Exec(ctx) // errors are read per command below
+		var again []*call
+		for _, c := range todo {
+			if err := c.cmd.Err(); err != nil {
+				if attempt == 0 && redis.HasErrorPrefix(err, "NOSCRIPT") {
+					again = append(again, c)
+					continue
+				}
+				return nil, fmt.Errorf("jobs: submit many %s: %w", scope, err)
+			}
+		}
+		if len(again) > 0 {
+			if err := r.scripts.submitMany.Load(ctx, r.rdb).Err(); err != nil {
+				return nil, fmt.Errorf("jobs: submit many %s: load script: %w", scope, err)
+			}
+		}
+		todo = again
+	}
+	out := make([]Outcome, len(subjects))
+	for _, c := range calls {
+		res, err := c.cmd.Slice()
+		if err != nil {
+			return nil, fmt.Errorf("jobs: submit many %s: %w", scope, err)
+		}
+		for j, i := range c.idx {
+			if j < len(res) {
+				out[i] = Outcome(replyString(res[j]))
+			}
+		}
+	}
+	for _, o := range out {
+		if o != OutcomeDuplicate {
+			r.metrics.requests.WithLabelValues(scope, string(opts.Source), string(o)).Inc()
+		}
+	}
+	return out, nil
+}
+
+// ScanSubjects pages through partition p's subjects of scope (those
+// requested by anything but a schedule within the retention): pass cursor
+// 0 first, then the returned cursor until it is 0 again. A subject may be
+// returned twice (the scan's guarantee is only "at least once"); fan-outs
+// submit with an Occurrence, which makes that harmless.
+func (r *Registry) ScanSubjects(ctx context.Context, scope string, p int, cursor uint64, count int64) ([]string, uint64, error) {
+	if _, ok := r.jobs[scope]; !ok {
+		return nil, 0, fmt.Errorf("%w: %q", ErrUnknownScope, scope)
+	}
+	if p < 0 || p >= r.ks.Partitions() {
+		return nil, 0, fmt.Errorf("%w: partition %d out of range", ErrConfig, p)
+	}
+	flat, next, err := r.rdb.ZScan(ctx, r.ks.Subjects(p, scope), cursor, "", count).Result()
+	if err != nil {
+		return nil, 0, fmt.Errorf("jobs: scan subjects %s: %w", scope, err)
+	}
+	out := make([]string, 0, len(flat)/2)
+	for i := 0; i < len(flat); i += 2 { // member, score pairs
+		out = append(out, flat[i])
+	}
+	return out, next, nil
+}
+
+// Subjects returns every subject of scope that was requested, by anything
+// but a schedule, within the retention, sorted. It loads them all: fan-outs
+// over many subjects page with ScanSubjects instead.
+func (r *Registry) Subjects(ctx context.Context, scope string) ([]string, error) {
+	var out []string
+	for p := range r.ks.Partitions() {
+		cursor := uint64(0)
+		for {
+			page, next, err := r.ScanSubjects(ctx, scope, p, cursor, 1000)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, page...)
+			if cursor = next; cursor == 0 {
+				break
+			}
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out), nil
+}
+
+// Partitions returns the partition count, for callers that page through
+// partitions (ScanSubjects).
+func (r *Registry) Partitions() int { return r.ks.Partitions() }
