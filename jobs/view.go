@@ -34,6 +34,10 @@ type TaskView struct {
 	CanCancel       bool       `json:"canCancel"`
 	CancelRequested bool       `json:"cancelRequested"`
 	FollowUpQueued  bool       `json:"followUpQueued"`
+	// Waiting says why a queued run is not being claimed, e.g. during a
+	// rolling deploy "waiting for a runner that defines stage pushing
+	// (pod-a/1f2e3d does not)"; empty otherwise.
+	Waiting string `json:"waiting,omitempty"`
 }
 
 // viewFromRecord builds a TaskView from a run record's fields (an HGETALL,
@@ -51,6 +55,7 @@ func viewFromRecord(f map[string]string) TaskView {
 		LastError:       f["lastError"],
 		CancelRequested: f["cancel"] == "1",
 		FollowUpQueued:  f["followUp"] == "1",
+		Waiting:         f["waiting"],
 		RequestedAt:     timeField(f["requestedAt"]),
 		StartedAt:       timeField(f["startedAt"]),
 		UpdatedAt:       timeField(f["updatedAt"]),
