@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -136,16 +137,33 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, ready func
 		log.Warn("HTTP API listens beyond loopback WITHOUT a token: anyone who can reach it can submit and cancel runs; set http.token",
 			slog.String("listen", cfg.HTTP.Listen))
 	}
+	hosts := allowedHosts(cfg.HTTP.Listen, cfg.HTTP.AllowedOrigins)
+	if cfg.HTTP.Token == "" && isWildcardListen(cfg.HTTP.Listen) {
+		// Without a token the API serves only requests addressed to these
+		// names (DNS-rebinding protection), which a wildcard listen address
+		// does not name: say so before someone reaches it by its IP.
+		log.Info("HTTP API without a token serves only requests addressed to localhost, 127.0.0.1, [::1] or the hosts of http.allowedOrigins; other host names and IPs are answered 403 (set http.token to serve them)",
+			slog.Any("hosts", hosts))
+	}
 	api := httpapi.New(reg, httpapi.Options{
 		Token: cfg.HTTP.Token, BodyLimit: cfg.HTTP.BodyLimit, Logger: log,
-		Metrics: promhttp.HandlerFor(promReg, promhttp.HandlerOpts{}),
+		Metrics:        promhttp.HandlerFor(promReg, promhttp.HandlerOpts{}),
+		AllowedOrigins: cfg.HTTP.AllowedOrigins, AllowedHosts: hosts,
+		MaxEventClients: cfg.HTTP.MaxEventClients,
 	})
 	ln, err := net.Listen("tcp", cfg.HTTP.Listen)
 	if err != nil {
 		return fail(exitUsage, "listen %s: %w", cfg.HTTP.Listen, err)
 	}
 	srv := httpapi.NewServer(cfg.HTTP.Listen, api)
-	log.Info("serving", slog.String("url", "http://"+ln.Addr().String()), slog.String("runner", runner.Owner()))
+	shown := ln.Addr().String()
+	if isWildcardListen(shown) {
+		// "http://[::]:8080" is no address to open, and without a token the
+		// API would refuse that Host anyway.
+		_, port, _ := net.SplitHostPort(shown)
+		shown = net.JoinHostPort("127.0.0.1", port)
+	}
+	log.Info("serving", slog.String("url", "http://"+shown), slog.String("runner", runner.Owner()))
 	if ready != nil {
 		ready(ln.Addr().String())
 	}
@@ -214,6 +232,34 @@ func isLoopback(addr string) bool {
 	}
 	ip := net.ParseIP(strings.Trim(host, "[]"))
 	return ip != nil && ip.IsLoopback()
+}
+
+// isWildcardListen reports whether addr listens on every interface
+// (":8080", "0.0.0.0:8080", "[::]:8080"), which names no host.
+func isWildcardListen(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return host == "" || ip != nil && ip.IsUnspecified()
+}
+
+// allowedHosts are the host names the API serves without a token besides
+// the loopback ones: the listen host unless it is a wildcard, and the host
+// of every allowed origin (a page served under that name, e.g. through a
+// proxy, is this runner's dashboard).
+func allowedHosts(listen string, origins []string) []string {
+	var hosts []string
+	if host, _, err := net.SplitHostPort(listen); err == nil && !isWildcardListen(listen) {
+		hosts = append(hosts, host)
+	}
+	for _, o := range origins {
+		if u, err := url.Parse(o); err == nil && u.Hostname() != "" {
+			hosts = append(hosts, u.Hostname())
+		}
+	}
+	return hosts
 }
 
 func cmdValidate(args []string, stdout, stderr io.Writer) error {

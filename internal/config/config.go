@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tasklease/tasklease/internal/httpapi"
 	"github.com/tasklease/tasklease/internal/keyspace"
 	"github.com/tasklease/tasklease/jobs"
 )
@@ -32,6 +33,8 @@ const (
 	// LeaseTTLMin is the smallest lease TTL accepted: the lease is renewed
 	// every TTL/3, and shorter periods turn Redis latency into lease loss.
 	LeaseTTLMin = Duration(100 * time.Millisecond)
+	// MaxEventClientsDefault bounds concurrent GET /v1/events streams (100).
+	MaxEventClientsDefault = httpapi.MaxEventClientsDefault
 	// maxConfigSize bounds what Parse reads; real configs are a few KiB.
 	maxConfigSize = 4 << 20
 )
@@ -109,6 +112,14 @@ type HTTP struct {
 	Token string `yaml:"token"`
 	// BodyLimit bounds request bodies in bytes (default 1 MiB).
 	BodyLimit int64 `yaml:"bodyLimit"`
+	// AllowedOrigins are the browser origins, scheme://host[:port] without
+	// path and without wildcards, whose pages may call the /v1 routes
+	// cross-origin (CORS). Requests from any other site are answered 403.
+	// Their hosts, like the listen host, are also served without a token.
+	AllowedOrigins []string `yaml:"allowedOrigins"`
+	// MaxEventClients bounds the concurrent GET /v1/events streams
+	// (default 100); one more is answered 503.
+	MaxEventClients int `yaml:"maxEventClients"`
 }
 
 // Log configures log/slog output.
@@ -270,6 +281,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.HTTP.BodyLimit == 0 {
 		c.HTTP.BodyLimit = BodyLimitDefault
+	}
+	if c.HTTP.MaxEventClients == 0 {
+		c.HTTP.MaxEventClients = MaxEventClientsDefault
 	}
 	if c.Log.Level == "" {
 		c.Log.Level = LogLevelDefault

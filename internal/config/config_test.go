@@ -113,6 +113,9 @@ func TestExampleConfig(t *testing.T) {
 		c.HTTP.Listen != "127.0.0.1:8080" || c.HTTP.BodyLimit != 1<<20 || c.Retention.D() != 168*time.Hour || c.HistoryCap != 200 {
 		t.Errorf("unexpected settings: %+v", c)
 	}
+	if c.HTTP.MaxEventClients != 100 || len(c.HTTP.AllowedOrigins) != 0 {
+		t.Errorf("http browser settings: %+v", c.HTTP)
+	}
 	if len(c.Schedules) != 2 || !c.Schedules[0].Subjects.All || !slices.Equal(c.Schedules[1].Subjects.List, []string{"u42", "u43"}) {
 		t.Errorf("schedules = %+v", c.Schedules)
 	}
@@ -486,7 +489,8 @@ func TestDefaults(t *testing.T) {
 		if !c.Embedded() || c.Partitions != 16 || c.Runner.Concurrency != 16 || c.Runner.LeaseTTL.D() != 15*time.Second ||
 			c.Runner.ShutdownGrace.D() != 10*time.Second || c.Runner.ID == "" || c.HTTP.Listen != "127.0.0.1:8080" ||
 			c.HTTP.BodyLimit != 1048576 || c.Log.Level != "info" || c.Log.Format != "text" ||
-			c.Retention.D() != 168*time.Hour || c.HistoryCap != 200 || c.Redis.Prefix != "tasklease" || len(c.Jobs) != 0 {
+			c.Retention.D() != 168*time.Hour || c.HistoryCap != 200 || c.Redis.Prefix != "tasklease" || len(c.Jobs) != 0 ||
+			c.HTTP.MaxEventClients != 100 || c.HTTP.AllowedOrigins != nil {
 			t.Errorf("defaults = %+v", c)
 		}
 		if err := c.Validate(); err != nil {
@@ -699,6 +703,73 @@ func TestProblemsError(t *testing.T) {
 	if len(got) != maxProblems+1 || !strings.Contains(got[maxProblems].Message, "more problems") {
 		t.Errorf("%d problems, last %v", len(got), got[len(got)-1])
 	}
+}
+
+// TestHTTPBrowserSettings: http.allowedOrigins and http.maxEventClients
+// (DESIGN §5), checked with the parser the API uses.
+func TestHTTPBrowserSettings(t *testing.T) {
+	c := mustParse(t, `
+http:
+  allowedOrigins:
+    - https://dash.example.com
+    - HTTP://LOCALHOST:3000
+    - "http://[::1]:9000"
+  maxEventClients: 5
+`)
+	if want := []string{"https://dash.example.com", "HTTP://LOCALHOST:3000", "http://[::1]:9000"}; !slices.Equal(c.HTTP.AllowedOrigins, want) ||
+		c.HTTP.MaxEventClients != 5 {
+		t.Errorf("http = %+v", c.HTTP)
+	}
+	mustParse(t, "http: {allowedOrigins: [], maxEventClients: 1}")
+
+	for _, tt := range []struct{ yaml, path, msg string }{
+		{"http: {allowedOrigins: ['*']}", "http.allowedOrigins[0]", "wildcards are not allowed"},
+		{"http: {allowedOrigins: ['https://*.example.com']}", "http.allowedOrigins[0]", "wildcards are not allowed"},
+		{"http: {allowedOrigins: ['https://dash.example.com/']}", "http.allowedOrigins[0]", "without path"},
+		{"http: {allowedOrigins: ['https://dash.example.com/app']}", "http.allowedOrigins[0]", "without path"},
+		{"http: {allowedOrigins: ['dash.example.com']}", "http.allowedOrigins[0]", "not an origin"},
+		{"http: {allowedOrigins: ['ftp://dash.example.com']}", "http.allowedOrigins[0]", "http or https"},
+		{"http: {allowedOrigins: ['https://dash.example.com:0']}", "http.allowedOrigins[0]", "port"},
+		{"http: {allowedOrigins: ['https://u:p@dash.example.com']}", "http.allowedOrigins[0]", "user info"},
+		{"http: {allowedOrigins: ['']}", "http.allowedOrigins[0]", "empty origin"},
+		{"http: {allowedOrigins: ['https://a.example', 'HTTPS://A.EXAMPLE:443']}", "http.allowedOrigins[1]", `duplicate origin "https://a.example" (also allowedOrigins[0])`},
+		{"http: {allowedOrigins: https://a.example}", "http.allowedOrigins", "expected a list"},
+		{"http: {allowedOrigins: [~]}", "http.allowedOrigins[0]", "expected a value, got null"},
+		{"http: {allowedOrigins: [[x]]}", "http.allowedOrigins[0]", "expected a string"},
+		{"http: {maxEventClients: 0}", "http.maxEventClients", "must be at least 1 (omit it for the default 100)"},
+		{"http: {maxEventClients: -1}", "http.maxEventClients", "-1 must be at least 1"},
+		{"http: {maxEventClients: many}", "http.maxEventClients", "expected an integer"},
+		{"http: {maxEventClients: 1.5}", "http.maxEventClients", "expected an integer"},
+		{"http: {allowedorigins: []}", "http.allowedorigins", `did you mean "allowedOrigins"`},
+	} {
+		wantProblem(t, problemsOf(t, tt.yaml), tt.path, tt.msg)
+	}
+
+	// Every problem at once, each with its path and line.
+	ps := problemsOf(t, "http:\n  allowedOrigins:\n    - https://ok.example\n    - '*'\n    - https://x.example/\n  maxEventClients: 0\n")
+	want := map[string]int{"http.allowedOrigins[1]": 4, "http.allowedOrigins[2]": 5, "http.maxEventClients": 6}
+	if len(ps) != len(want) {
+		t.Fatalf("want %d problems, got:\n%v", len(want), ps)
+	}
+	for _, p := range ps {
+		if line, ok := want[p.Path]; !ok || p.Line != line {
+			t.Errorf("problem %v at line %d, want one of %v", p, p.Line, want)
+		}
+	}
+
+	// Built in Go (serve's flags): Validate applies the default and checks.
+	d := Default()
+	if d.HTTP.MaxEventClients != MaxEventClientsDefault {
+		t.Errorf("default maxEventClients %d", d.HTTP.MaxEventClients)
+	}
+	d.HTTP.AllowedOrigins = []string{"https://dash.example.com", "*"}
+	d.HTTP.MaxEventClients = -3
+	var vps Problems
+	if !errors.As(d.Validate(), &vps) {
+		t.Fatal("Validate accepted a wildcard origin")
+	}
+	wantProblem(t, vps, "http.allowedOrigins[1]", "wildcards")
+	wantProblem(t, vps, "http.maxEventClients", "at least 1")
 }
 
 func TestValidateAfterChange(t *testing.T) {

@@ -15,6 +15,7 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/tasklease/tasklease/checkpoints"
+	"github.com/tasklease/tasklease/internal/httpapi"
 	"github.com/tasklease/tasklease/internal/keyspace"
 	"github.com/tasklease/tasklease/jobs"
 	"github.com/tasklease/tasklease/taskkey"
@@ -51,6 +52,7 @@ func (c *Config) checkExplicitZeros(ps *problemSet) {
 	zero("runner.concurrency", c.Runner.Concurrency == 0, "must be at least 1")
 	zero("runner.leaseTTL", c.Runner.LeaseTTL == 0, "must be at least "+LeaseTTLMin.String())
 	zero("http.bodyLimit", c.HTTP.BodyLimit == 0, "must be at least 1 byte")
+	zero("http.maxEventClients", c.HTTP.MaxEventClients == 0, fmt.Sprintf("must be at least 1 (omit it for the default %d)", MaxEventClientsDefault))
 	zero("retention", c.Retention == 0, "must be positive")
 	zero("historyCap", c.HistoryCap == 0, "must be at least 1")
 	zero("runner.shutdownGrace", c.Runner.ShutdownGrace == 0, "must be positive (omit it for the default 10s)")
@@ -209,6 +211,23 @@ func (c *Config) validateHTTP(ps *problemSet) {
 	}
 	if c.HTTP.BodyLimit < 1 {
 		ps.addf("http.bodyLimit", "%d must be at least 1 byte", c.HTTP.BodyLimit)
+	}
+	// Origins are parsed by httpapi.ParseOrigin, as the API will: a config
+	// that validates is one the API serves as written.
+	seen := map[string]int{}
+	for i, o := range c.HTTP.AllowedOrigins {
+		p := indexPath("http.allowedOrigins", i)
+		n, err := httpapi.ParseOrigin(o)
+		if err != nil {
+			ps.addf(p, "%v", err)
+		} else if first, dup := seen[n]; dup {
+			ps.addf(p, "duplicate origin %q (also allowedOrigins[%d])", n, first)
+		} else {
+			seen[n] = i
+		}
+	}
+	if c.HTTP.MaxEventClients < 1 {
+		ps.addf("http.maxEventClients", "%d must be at least 1", c.HTTP.MaxEventClients)
 	}
 }
 

@@ -3,6 +3,7 @@ package httpapi
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"time"
@@ -14,11 +15,22 @@ import (
 //	data: <TaskView JSON>
 //
 // with a ": ping" comment every keep-alive interval. It ends when the client
-// goes, or when the server built by NewServer shuts down. Views come from
+// goes, or when the server built by NewServer shuts down. At most maxEvents
+// streams are open at once: one more is answered 503 too_many_clients with
+// Retry-After, before it subscribes to anything. Views come from
 // Redis pub/sub (Registry.Subscribe): a client that falls behind loses
 // messages rather than slowing Redis, so a reconnecting client should
 // re-list tasks.
 func (a *api) events(w http.ResponseWriter, r *http.Request) {
+	if !a.acquireEvents() {
+		w.Header().Set("Retry-After", eventsRetryAfter)
+		writeError(w, http.StatusServiceUnavailable, "too_many_clients", fmt.Sprintf(
+			"too many event streams: this runner serves at most %d at once (http.maxEventClients); retry in %s seconds",
+			a.maxEvents, eventsRetryAfter))
+		return
+	}
+	defer a.openEvents.Add(-1)
+
 	rc := http.NewResponseController(w)
 	// The stream must outlive ReadTimeout and the write deadline other routes
 	// use. net/http already lifts both for a body-less request (after the
@@ -85,6 +97,21 @@ func (a *api) events(w http.ResponseWriter, r *http.Request) {
 			if !send(msg) {
 				return
 			}
+		}
+	}
+}
+
+// acquireEvents takes one of the maxEvents stream slots, if one is free.
+// Compare-and-swap, so that racing requests never see a transient count
+// above the limit and refuse a client there was room for.
+func (a *api) acquireEvents() bool {
+	for {
+		n := a.openEvents.Load()
+		if n >= a.maxEvents {
+			return false
+		}
+		if a.openEvents.CompareAndSwap(n, n+1) {
+			return true
 		}
 	}
 }

@@ -49,11 +49,19 @@ type env struct {
 }
 
 type envOpts struct {
-	token     string
-	bodyLimit int64
-	noServer  bool // fuzzing calls the handler directly
-	noMetrics bool
+	token           string
+	bodyLimit       int64
+	noServer        bool // fuzzing calls the handler directly
+	noMetrics       bool
+	allowedOrigins  []string
+	allowedHosts    []string
+	maxEventClients int
 }
+
+// testHost is the Host of in-process requests (serve, serveWith):
+// httptest.NewRequest's default, example.com, is a foreign host to an API
+// without a token. Requests through e.srv carry the server's 127.0.0.1.
+const testHost = "127.0.0.1:8080"
 
 func newEnv(t testing.TB, o envOpts) *env {
 	t.Helper()
@@ -89,7 +97,8 @@ func newEnv(t testing.TB, o envOpts) *env {
 		t.Fatal(err)
 	}
 	e.reg = reg
-	opts := Options{Token: o.token, BodyLimit: o.bodyLimit, Logger: logger}
+	opts := Options{Token: o.token, BodyLimit: o.bodyLimit, Logger: logger,
+		AllowedOrigins: o.allowedOrigins, AllowedHosts: o.allowedHosts, MaxEventClients: o.maxEventClients}
 	if !o.noMetrics {
 		opts.Metrics = promhttp.HandlerFor(preg, promhttp.HandlerOpts{})
 	}
@@ -142,7 +151,10 @@ type response struct {
 	body   map[string]any
 }
 
-// do sends a request to the test server; hdr holds extra headers.
+// do sends a request to the test server; hdr holds extra headers ("Host"
+// sets the request's Host, an empty value removes the header). A body is
+// sent as application/json, as API clients do, unless hdr sets another
+// Content-Type. An event stream answer is not read (it does not end).
 func (e *env) do(method, path, body string, hdr ...string) response {
 	e.t.Helper()
 	var rd io.Reader
@@ -153,17 +165,29 @@ func (e *env) do(method, path, body string, hdr ...string) response {
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
+		switch k, v := http.CanonicalHeaderKey(hdr[i]), hdr[i+1]; {
+		case k == "Host":
+			req.Host = v
+		case v == "":
+			req.Header.Del(k)
+		default:
+			req.Header.Set(k, v)
+		}
 	}
 	res, err := e.srv.Client().Do(req)
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	defer res.Body.Close()
-	raw, err := io.ReadAll(res.Body)
-	if err != nil {
-		e.t.Fatal(err)
+	var raw []byte
+	if res.Header.Get("Content-Type") != "text/event-stream" {
+		if raw, err = io.ReadAll(res.Body); err != nil {
+			e.t.Fatal(err)
+		}
 	}
 	r := response{status: res.StatusCode, header: res.Header, raw: raw}
 	if strings.HasPrefix(res.Header.Get("Content-Type"), "application/json") {
@@ -176,22 +200,32 @@ func (e *env) do(method, path, body string, hdr ...string) response {
 	return r
 }
 
-// serve calls the handler in-process (fuzzing: no sockets).
-func (e *env) serve(method, target string, body []byte) *httptest.ResponseRecorder {
+// newRequest is httptest.NewRequest as the CLI would send it: Host
+// testHost, and a body (not nil) as application/json.
+func newRequest(method, target string, body []byte) *http.Request {
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
 	}
 	req := httptest.NewRequest(method, target, rd)
+	req.Host = testHost
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	return req
+}
+
+// serve calls the handler in-process (fuzzing: no sockets).
+func (e *env) serve(method, target string, body []byte) *httptest.ResponseRecorder {
 	w := httptest.NewRecorder()
-	e.h.ServeHTTP(w, req)
+	e.h.ServeHTTP(w, newRequest(method, target, body))
 	return w
 }
 
 // serveWith calls another handler in-process.
 func (e *env) serveWith(h http.Handler, method, target string) *httptest.ResponseRecorder {
 	w := httptest.NewRecorder()
-	h.ServeHTTP(w, httptest.NewRequest(method, target, nil))
+	h.ServeHTTP(w, newRequest(method, target, nil))
 	return w
 }
 

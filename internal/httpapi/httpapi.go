@@ -10,9 +10,13 @@
 // Wire conventions:
 //
 //   - JSON in and out; errors are {"error":{"code":"...","message":"..."}}
-//     with codes bad_request (400), unauthorized (401), not_found (404),
-//     method_not_allowed (405), payload_too_large (413) and unavailable
-//     (503: Redis could not be reached or did not answer in time).
+//     with codes bad_request (400), unauthorized (401), forbidden (403: a
+//     cross-site or foreign-host request, below), not_found (404),
+//     method_not_allowed (405), payload_too_large (413),
+//     unsupported_media_type (415: a POST body not sent as
+//     application/json), unavailable (503: Redis could not be reached or
+//     did not answer in time) and too_many_clients (503 with Retry-After:
+//     5, GET /v1/events already has Options.MaxEventClients streams open).
 //   - POST .../runs answers 200 for every outcome, including "started":
 //     the outcome field, not the status code, says what happened, so a
 //     client has one success shape to handle.
@@ -22,6 +26,32 @@
 //     token as the query parameter access_token. /healthz, /readyz,
 //     /metrics and the dashboard page are open: the page holds no data and
 //     asks for the token itself.
+//   - Browsers are hostile callers too (see browser.go). On every /v1
+//     route, whatever the method (a cross-site page must not read the task
+//     list or the feed either), a request whose Origin is not the origin
+//     served (scheme from TLS or X-Forwarded-Proto, host:port from Host),
+//     or whose Sec-Fetch-Site is neither same-origin nor none, is answered
+//     403 forbidden, unless its Origin is listed in Options.AllowedOrigins.
+//     same-site counts as cross-site: another port of localhost or a
+//     sibling subdomain is another application. Listed origins get CORS
+//     answers (Access-Control-Allow-Origin, Vary: Origin, preflight OPTIONS
+//     answered 204 before authentication, no credentials); the origin "*"
+//     does not exist. Requests with neither header (curl, the CLI, Go
+//     clients) are not affected.
+//   - Without a Token, only requests whose Host is a loopback name
+//     (localhost, *.localhost, 127.0.0.0/8, [::1]) or one of
+//     Options.AllowedHosts are served, so a DNS-rebinding page, which is
+//     same-origin with itself, cannot reach a runner on a laptop: others
+//     are answered 403. This covers /v1 and the dashboard page (and
+//     unknown routes), but not /healthz, /readyz and /metrics, which load
+//     balancers and Kubernetes probes call by pod IP. With a Token any
+//     Host is served: browsers never attach the token by themselves.
+//   - A POST with a body (Content-Length not 0) must declare Content-Type
+//     application/json (parameters such as charset allowed), or it is
+//     answered 415: the bodies a cross-site form can send without a
+//     preflight are never JSON. A POST without a body passes whatever its
+//     Content-Type. The order of checks is: Host, cross-site, preflight,
+//     token (401), media type (415), then routing.
 //   - Non-SSE requests run under a context deadline (RequestTimeout) and a
 //     matching per-request write deadline; the SSE route has neither, which
 //     is why NewServer leaves http.Server.WriteTimeout at 0.
@@ -39,6 +69,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tasklease/tasklease/jobs"
@@ -49,6 +80,12 @@ import (
 const (
 	// BodyLimitDefault bounds request bodies when Options.BodyLimit is 0.
 	BodyLimitDefault int64 = 1 << 20
+	// MaxEventClientsDefault bounds concurrent GET /v1/events streams when
+	// Options.MaxEventClients is 0.
+	MaxEventClientsDefault = 100
+	// eventsRetryAfter is the Retry-After (seconds) of a 503
+	// too_many_clients.
+	eventsRetryAfter = "5"
 	// RequestTimeout bounds every non-SSE request: its context (and so
 	// every Redis call made for it) gets this deadline, and writing the
 	// response must finish shortly after.
@@ -89,6 +126,22 @@ type Options struct {
 	// Ready decides /readyz (default: the registry's Redis Ping); an error
 	// answers 503.
 	Ready func(ctx context.Context) error
+	// AllowedOrigins are the browser origins, scheme://host[:port] (see
+	// ParseOrigin), whose pages may call the /v1 routes cross-origin: their
+	// requests pass the cross-site check and get CORS answers. Any other
+	// Origin than the one served, and any Sec-Fetch-Site other than
+	// same-origin or none, is answered 403. There is no wildcard.
+	AllowedOrigins []string
+	// AllowedHosts are host names or IP addresses (a port is ignored)
+	// served without a Token besides the loopback names (localhost,
+	// *.localhost, 127.0.0.0/8, ::1); requests to any other Host are
+	// answered 403 unless Token is set. cmd/runner fills it with the
+	// listen host and the hosts of AllowedOrigins.
+	AllowedHosts []string
+	// MaxEventClients bounds concurrent GET /v1/events streams (default
+	// MaxEventClientsDefault); one more is answered 503 too_many_clients
+	// with Retry-After.
+	MaxEventClients int
 }
 
 // settings are the knobs tests shorten; production uses the constants.
@@ -109,6 +162,10 @@ type api struct {
 	ready     func(context.Context) error
 	set       settings
 	mux       *http.ServeMux
+	guard     *guard
+	// maxEvents bounds the SSE streams; openEvents counts them.
+	maxEvents  int64
+	openEvents atomic.Int64
 }
 
 // New returns the HTTP handler of the API v1, the SSE feed, the probes,
@@ -137,6 +194,15 @@ func newAPI(reg *jobs.Registry, opts Options, set settings) *api {
 	}
 	if a.ready == nil {
 		a.ready = reg.Ping
+	}
+	a.maxEvents = int64(opts.MaxEventClients)
+	if a.maxEvents <= 0 {
+		a.maxEvents = MaxEventClientsDefault
+	}
+	var errs []error
+	a.guard, errs = newGuard(opts)
+	for _, err := range errs {
+		a.log.LogAttrs(context.Background(), slog.LevelError, "http: ignoring invalid option", slog.Any("error", err))
 	}
 	m := a.mux
 	m.HandleFunc("POST /v1/tasks/{subject}/{scope}/runs", a.submit)
@@ -181,11 +247,39 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_ = http.NewResponseController(rec).SetWriteDeadline(time.Now().Add(a.set.requestTimeout + a.set.writeGrace))
 	}
 
-	if a.token && (r.URL.Path == "/v1" || strings.HasPrefix(r.URL.Path, "/v1/")) && !a.authorized(r) {
+	// Browsers first: a foreign Host or a cross-site caller learns nothing,
+	// not even whether its token would be right. Preflights carry no
+	// token, so they are answered before authentication.
+	if isAPIPath(r.URL.Path) && len(a.guard.origins) > 0 {
+		rec.Header().Add("Vary", "Origin") // answers differ by Origin (CORS headers)
+	}
+	facts := factsOf(r)
+	v := a.guard.admit(facts)
+	if v.status != 0 {
+		writeError(rec, v.status, v.code, v.msg)
+		return
+	}
+	if v.allowOrigin != "" {
+		// No Access-Control-Allow-Credentials: the API authenticates with
+		// a bearer token, never with cookies.
+		rec.Header().Set("Access-Control-Allow-Origin", v.allowOrigin)
+		rec.Header().Set("Access-Control-Expose-Headers", "Retry-After, WWW-Authenticate")
+	}
+	if v.preflight {
+		writePreflight(rec, r)
+		return
+	}
+
+	if a.token && isAPIPath(r.URL.Path) && !a.authorized(r) {
 		// Checked before routing so unknown /v1 routes do not reveal which
 		// routes exist.
 		rec.Header().Set("WWW-Authenticate", `Bearer realm="tasklease"`)
 		writeError(rec, http.StatusUnauthorized, "unauthorized", "missing or wrong bearer token")
+		return
+	}
+
+	if msg := jsonBodyProblem(facts); msg != "" {
+		writeError(rec, http.StatusUnsupportedMediaType, "unsupported_media_type", msg)
 		return
 	}
 
