@@ -35,6 +35,9 @@ func (r *Runner) cancelListener(ctx context.Context, sub *subscription) {
 				(*cancel)(ErrCancelled)
 			}
 			r.mu.Unlock()
+			if h := r.testHooks.cancelHandled; h != nil {
+				h(m.Payload)
+			}
 		}
 	}
 }

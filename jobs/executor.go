@@ -121,7 +121,11 @@ func (r *Runner) execute(runCtx context.Context, cancelRun context.CancelCauseFu
 			break
 		}
 		name := c.stages[i]
-		st := job.stage(name) // claim checked that every remaining stage is defined here
+		st := job.stage(name)
+		if st == nil { // claim checks every remaining stage is defined here; never fail a run for it
+			result = resultHandback
+			break
+		}
 		run.stage = name
 		if i > rec.StageIndex {
 			run.cursor = nil

@@ -35,7 +35,7 @@ type janitorCounts struct{ subjects, index, consumers int64 }
 func (r *Runner) janitorPass(ctx context.Context) {
 	var total janitorCounts
 	for p := range r.reg.ks.Partitions() {
-		c, err := r.reg.janitor(ctx, p, r.owner)
+		c, err := r.reg.janitor(ctx, p, r.owner, r.consumerIdle)
 		if err != nil {
 			if ctx.Err() == nil {
 				r.log.Warn("janitor failed", slog.String("component", "janitor"), slog.Int("partition", p), slog.Any("error", err))
@@ -53,8 +53,9 @@ func (r *Runner) janitorPass(ctx context.Context) {
 }
 
 // janitor runs lua/janitor.lua on partition p; consumer is the caller's
-// own consumer name, never deleted.
-func (r *Registry) janitor(ctx context.Context, p int, consumer string) (janitorCounts, error) {
+// own consumer name, never deleted; members idle longer than idleLimit
+// with nothing pending are.
+func (r *Registry) janitor(ctx context.Context, p int, consumer string, idleLimit time.Duration) (janitorCounts, error) {
 	ks := r.ks
 	cutoff := time.Now().Add(-r.retention).UnixMilli() // candidates only: the script decides by EXISTS
 	cands, err := r.rdb.ZRangeByScore(ctx, ks.Index(p), &redis.ZRangeBy{
@@ -69,7 +70,7 @@ func (r *Registry) janitor(ctx context.Context, p int, consumer string) (janitor
 		keys = append(keys, ks.Subjects(p, scope))
 	}
 	args := make([]any, 0, 5+len(cands))
-	args = append(args, r.retention.Milliseconds(), len(r.scopes), ConsumerIdleLimit.Milliseconds(), keyspace.Group, consumer)
+	args = append(args, r.retention.Milliseconds(), len(r.scopes), idleLimit.Milliseconds(), keyspace.Group, consumer)
 	for _, c := range cands {
 		k, err := taskkey.Parse(c)
 		if err != nil { // not ours: a task record name cannot be derived; drop it

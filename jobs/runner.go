@@ -115,11 +115,20 @@ type Runner struct {
 	// reclaimFrom is, per partition, where the reclaimer's next scan of the
 	// pending entries starts ("" = the beginning). Reclaimer goroutine only.
 	reclaimFrom []string
+	// consumerIdle: the janitor deletes consumer-group members with
+	// nothing pending idle this long (ConsumerIdleLimit; tests shorten it).
+	consumerIdle time.Duration
 	log         *slog.Logger
 	slots       chan struct{}
 
 	workCtx    context.Context // runs; cancelled with ErrShutdown after the grace
 	workCancel context.CancelCauseFunc
+
+	// testHooks are set by this package's tests before Run; nil in
+	// production.
+	testHooks struct {
+		cancelHandled func(payload string) // after a cancel message was handled
+	}
 
 	mu     sync.Mutex
 	active map[string]map[*context.CancelCauseFunc]struct{} // cancelID (key + run) → cancels of local claims/runs
@@ -145,7 +154,7 @@ func NewRunner(reg *Registry, cfg RunnerConfig) (*Runner, error) {
 	owner := cfg.ID + "/" + newRunID()[:6]
 	return &Runner{
 		reg: reg, cfg: cfg, owner: owner, reclaimIdle: reclaimIdle,
-		reclaimFrom: make([]string, reg.ks.Partitions()),
+		reclaimFrom: make([]string, reg.ks.Partitions()), consumerIdle: ConsumerIdleLimit,
 		log:         reg.log.With(slog.String("owner", owner)),
 		slots:       make(chan struct{}, cfg.Concurrency),
 		active:      make(map[string]map[*context.CancelCauseFunc]struct{}),

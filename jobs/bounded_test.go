@@ -1,0 +1,220 @@
+package jobs
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tasklease/tasklease/internal/keyspace"
+	"github.com/tasklease/tasklease/internal/redistest"
+	"github.com/tasklease/tasklease/taskkey"
+)
+
+// Bounded state (issue 4/8, defect 9; DESIGN §2.6): everything tasklease
+// writes is bounded by live work or expires with the retention.
+
+// TestJanitorPrunesSubjectsIndexAndConsumers drives miniredis time past
+// the retention and checks each kind of bookkeeping is pruned — and that
+// what is still live is kept.
+func TestJanitorPrunesSubjectsIndexAndConsumers(t *testing.T) {
+	mini := redistest.StartMini(t)
+	rdb := mini.Client(t)
+	ctx := context.Background()
+	const retention = time.Hour
+	c := &counter{}
+	g := newGate()
+	e := newEnv(t, rdb, Config{Prefix: "jn", Partitions: 1, Retention: retention, Jobs: []Job{
+		clJob("course_sync", Stage{Name: "pulling", Handler: c}),
+		clJob("backup", Stage{Name: "pulling", Handler: g}),
+	}})
+	// Finished work, and one long-lived active run.
+	for i := range 5 {
+		clSubmit(t, e.reg, fmt.Sprintf("old%d", i), "course_sync", SourceManual, "")
+	}
+	clSubmit(t, e.reg, "sched", "course_sync", SourceSchedule, "") // never a subject of "all"
+	clSubmit(t, e.reg, "busy", "backup", SourceManual, "")
+	_, stop := e.startRunner(RunnerConfig{ID: "jn-old", JanitorInterval: time.Hour})
+	for i := range 5 {
+		e.waitStatus(fmt.Sprintf("old%d", i), "course_sync", 10*time.Second, StatusDone)
+	}
+	e.waitStatus("sched", "course_sync", 10*time.Second, StatusDone)
+	waitFor(t, 10*time.Second, "the long run to start", func() bool { return g.count() == 1 })
+	if subs, _ := e.reg.Subjects(ctx, "course_sync"); !slices.Equal(subs, []string{"old0", "old1", "old2", "old3", "old4"}) {
+		t.Fatalf("subjects %v, want old0..old4 (schedule requests add none)", subs)
+	}
+	g.open()
+	e.waitStatus("busy", "backup", 10*time.Second, StatusDone)
+	stop()
+	// An active run older than the retention keeps its record and index
+	// entry (its subject, not requested since, leaves "all").
+	stream := e.reg.ks.Requests(0)
+	clSubmit(t, e.reg, "pending", "course_sync", SourceManual, "")
+	if err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: keyspace.Group, Consumer: "holder/000000",
+		Streams: []string{stream, ">"}, Count: 10}).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	mini.Advance(retention + time.Minute) // the finished records expire
+	clSubmit(t, e.reg, "fresh", "course_sync", SourceForeground, "")
+
+	rn, err := NewRunner(e.reg, RunnerConfig{ID: "jn-new"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rn.janitorPass(ctx)
+
+	if subs, _ := e.reg.Subjects(ctx, "course_sync"); !slices.Equal(subs, []string{"fresh"}) {
+		t.Errorf("subjects after the retention %v, want [fresh]", subs)
+	}
+	if subs, _ := e.reg.Subjects(ctx, "backup"); len(subs) != 0 {
+		t.Errorf("backup subjects after the retention %v, want none", subs)
+	}
+	idx, _ := rdb.ZRange(ctx, e.reg.ks.Index(0), 0, -1).Result()
+	slices.Sort(idx)
+	if want := []string{"fresh|course_sync", "pending|course_sync"}; !slices.Equal(idx, want) {
+		t.Errorf("index after the retention %v, want %v", idx, want)
+	}
+	// Every key left is live work or has an expiry.
+	keys, _ := rdb.Keys(ctx, "*").Result()
+	for _, k := range keys {
+		if d, _ := rdb.PTTL(ctx, k).Result(); d < 0 && !bndLive(e, k) {
+			t.Errorf("key %s has no expiry and is not live work", k)
+		}
+	}
+}
+
+// TestJanitorDeletesConsumersOfGoneRunners: consumer-group members of
+// runners that are gone (earlier deploys) are deleted once idle with
+// nothing pending; one that still has a pending entry is kept until
+// reclaim has moved it. Real Redis: miniredis does not track consumer
+// idle times.
+func TestJanitorDeletesConsumersOfGoneRunners(t *testing.T) {
+	s := redistest.StartServer(t)
+	rdb := s.Client(t)
+	ctx := context.Background()
+	e := newEnv(t, rdb, Config{Prefix: "jc", Partitions: 1, Jobs: []Job{clJob("course_sync", Stage{Name: "pulling", Handler: &counter{}})}})
+	stream := e.reg.ks.Requests(0)
+	for i := range 3 { // three deploys' runners, gone
+		_, stop := e.startRunner(RunnerConfig{ID: fmt.Sprintf("gone-%d", i)})
+		clSubmit(t, e.reg, fmt.Sprintf("u%d", i), "course_sync", SourceManual, "")
+		e.waitStatus(fmt.Sprintf("u%d", i), "course_sync", 10*time.Second, StatusDone)
+		stop()
+	}
+	clSubmit(t, e.reg, "held", "course_sync", SourceManual, "")
+	if err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: keyspace.Group, Consumer: "holder/000000",
+		Streams: []string{stream, ">"}, Count: 10}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	rn, err := NewRunner(e.reg, RunnerConfig{ID: "jc"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rn.consumerIdle = 100 * time.Millisecond
+	var names []string
+	waitFor(t, 10*time.Second, "the gone runners' consumers to be deleted", func() bool {
+		rn.janitorPass(ctx)
+		consumers, err := rdb.XInfoConsumers(ctx, stream, keyspace.Group).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = names[:0]
+		for _, c := range consumers {
+			names = append(names, c.Name)
+		}
+		return slices.Equal(names, []string{"holder/000000"})
+	})
+}
+
+// bndLive reports whether key k is bookkeeping of live work (the partition
+// stream, index, subjects of live subjects, watch keys) or of an active run.
+func bndLive(e *testEnv, k string) bool {
+	ks := e.reg.ks
+	switch k {
+	case ks.Requests(0), ks.Index(0), ks.Subjects(0, "course_sync"), ks.Retry(0):
+		return true
+	}
+	for _, s := range []string{"fresh", "pending"} {
+		key := taskkey.MustNew(s, "course_sync")
+		if k == ks.Task(key) || k == ks.History(key) {
+			return true
+		}
+	}
+	return false
+}
+
+// TestFenceCounterExpiresWithTheRecord: the fence counter of a finished
+// key expires (retention + lease TTL after its last grant), yet the next
+// grant's token is still higher than every earlier one.
+func TestFenceCounterExpiresWithTheRecord(t *testing.T) {
+	mini := redistest.StartMini(t)
+	rdb := mini.Client(t)
+	ctx := context.Background()
+	c := &counter{}
+	e := newEnv(t, rdb, Config{Prefix: "fc", Retention: time.Hour, Jobs: []Job{clJob("course_sync", Stage{Name: "pulling", Handler: c})}})
+	e.startRunner(RunnerConfig{ID: "fc"})
+	clSubmit(t, e.reg, "u1", "course_sync", SourceManual, "")
+	v1 := e.waitStatus("u1", "course_sync", 10*time.Second, StatusDone)
+	k := taskkey.MustNew("u1", "course_sync")
+	if d, _ := rdb.PTTL(ctx, e.reg.ks.Fence(k)).Result(); d <= 0 || d > time.Hour+LeaseTTLDefault {
+		t.Fatalf("fence PTTL %v, want the retention plus the lease TTL", d)
+	}
+	mini.Advance(2 * time.Hour)
+	for _, key := range []string{e.reg.ks.Fence(k), e.reg.ks.Task(k), e.reg.ks.History(k)} {
+		if n, _ := rdb.Exists(ctx, key).Result(); n != 0 {
+			t.Errorf("%s still exists after the retention", key)
+		}
+	}
+	clSubmit(t, e.reg, "u1", "course_sync", SourceManual, "")
+	v2 := e.waitStatus("u1", "course_sync", 10*time.Second, StatusDone)
+	if v2.FencingToken <= v1.FencingToken {
+		t.Errorf("token after the counter expired %d, want above %d", v2.FencingToken, v1.FencingToken)
+	}
+}
+
+// TestSubscribersShareOnePubSubConnection: many Subscribe calls (one per
+// SSE client) share one Redis subscription, and every one of them gets
+// every view.
+func TestSubscribersShareOnePubSubConnection(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			e := newEnv(t, b.Client, Config{Prefix: "ps", Partitions: 2, Jobs: []Job{clJob("course_sync", Stage{Name: "pulling", Handler: &counter{}})}})
+			const n = 50
+			subs := make([]<-chan TaskView, n)
+			for i := range subs {
+				ch, err := e.reg.Subscribe(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				subs[i] = ch
+			}
+			counts, err := b.Client.PubSubNumSub(ctx, e.reg.ks.Events(0), e.reg.ks.Events(1)).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for ch, c := range counts {
+				if c != 1 {
+					t.Errorf("%s has %d Redis subscribers for %d Subscribe calls, want 1", ch, c, n)
+				}
+			}
+			clSubmit(t, e.reg, "u1", "course_sync", SourceManual, "")
+			for i, ch := range subs {
+				v := clRecv(t, ch, 5*time.Second, fmt.Sprintf("subscriber %d's view", i))
+				if v.Key != "u1|course_sync" || v.Status != StatusQueued {
+					t.Errorf("subscriber %d got %s %s, want u1|course_sync queued", i, v.Key, v.Status)
+				}
+			}
+			cancel()
+			// The last subscriber gone, the shared connection closes.
+			waitFor(t, 5*time.Second, "the subscription to close", func() bool {
+				counts, err := b.Client.PubSubNumSub(context.Background(), e.reg.ks.Events(0)).Result()
+				return err == nil && counts[e.reg.ks.Events(0)] == 0
+			})
+		})
+	}
+}
