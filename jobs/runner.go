@@ -118,8 +118,8 @@ type Runner struct {
 	// consumerIdle: the janitor deletes consumer-group members with
 	// nothing pending idle this long (ConsumerIdleLimit; tests shorten it).
 	consumerIdle time.Duration
-	log         *slog.Logger
-	slots       chan struct{}
+	log          *slog.Logger
+	slots        chan struct{}
 
 	workCtx    context.Context // runs; cancelled with ErrShutdown after the grace
 	workCancel context.CancelCauseFunc
@@ -155,9 +155,9 @@ func NewRunner(reg *Registry, cfg RunnerConfig) (*Runner, error) {
 	return &Runner{
 		reg: reg, cfg: cfg, owner: owner, reclaimIdle: reclaimIdle,
 		reclaimFrom: make([]string, reg.ks.Partitions()), consumerIdle: ConsumerIdleLimit,
-		log:         reg.log.With(slog.String("owner", owner)),
-		slots:       make(chan struct{}, cfg.Concurrency),
-		active:      make(map[string]map[*context.CancelCauseFunc]struct{}),
+		log:    reg.log.With(slog.String("owner", owner)),
+		slots:  make(chan struct{}, cfg.Concurrency),
+		active: make(map[string]map[*context.CancelCauseFunc]struct{}),
 	}, nil
 }
 
