@@ -274,6 +274,9 @@ func describe(v jobs.TaskView) string {
 	if v.FollowUpQueued {
 		b.WriteString(", follow-up queued")
 	}
+	if v.Waiting != "" {
+		fmt.Fprintf(&b, ", %s", v.Waiting)
+	}
 	if v.LastError != "" {
 		fmt.Fprintf(&b, ", last error: %s", v.LastError)
 	}
@@ -388,12 +391,18 @@ func (c *client) events(ctx context.Context) (<-chan jobs.TaskView, <-chan error
 			return
 		}
 		if resp.StatusCode != http.StatusOK {
+			data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 			resp.Body.Close()
+			msg := resp.Status
+			var ae apiError
+			if json.Unmarshal(data, &ae) == nil && ae.Error.Message != "" {
+				msg += ": " + ae.Error.Code + ": " + ae.Error.Message // e.g. too_many_clients
+			}
 			code := exitUsage
 			if resp.StatusCode == http.StatusServiceUnavailable {
 				code = exitUnreachable
 			}
-			errc <- fail(code, "event stream: %s", resp.Status)
+			errc <- fail(code, "event stream: %s", msg)
 			return
 		}
 		connected <- struct{}{}
