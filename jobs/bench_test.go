@@ -332,7 +332,7 @@ func benchEndToEnd(b *testing.B, autopipe bool) {
 	comp.wait(b, time.Minute+time.Duration(b.N)*time.Millisecond)
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "runs/s")
-	m.report(b, "evalsha", "eval", "xreadgroup", "xautoclaim")
+	m.report(b, "evalsha", "eval", "xreadgroup", "xpending", "xclaim")
 }
 
 // BenchmarkSubmitScript: one client, one submit at a time — the latency
@@ -660,7 +660,7 @@ func TestRoundTripsPerRun(t *testing.T) {
 				mode, n, elapsed.Round(time.Millisecond), n/elapsed.Seconds(), runRT, subRT, setup, perRun, roundTripBudget,
 				benchutil.FormatCounts(all, n))
 			// Server-side cross-check: commands only clients send.
-			clientOnly := []string{"evalsha", "eval", "xreadgroup", "xautoclaim", "xgroup|create", "subscribe", "ping"}
+			clientOnly := []string{"evalsha", "eval", "xreadgroup", "xpending", "xclaim", "xgroup|create", "subscribe", "ping"}
 			var srvCalls int64
 			for _, c := range clientOnly {
 				srvCalls += st[c].Calls
