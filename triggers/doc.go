@@ -8,7 +8,8 @@
 //
 // Every runner builds a Scheduler from the same schedules and runs it
 // (DESIGN §8). Two independent mechanisms keep one occurrence from firing
-// twice:
+// twice, and a third makes every subject of an occurrence get exactly one
+// request:
 //
 //   - Leadership. One runner leads, elected with a redsync mutex on
 //     "<prefix>:cron:leader" (value: the leader's Owner). A follower tries to
@@ -16,17 +17,67 @@
 //     and steps down at once when an extension is refused, fails, or cannot
 //     be confirmed before the mutex would expire. IsLeader is false from the
 //     moment the leader cannot be sure, so it never fires while unsure. On
-//     shutdown the leader unlocks so a successor takes over within
-//     LeaderTTL/3; after a crash the successor takes over within about
-//     LeaderTTL + LeaderTTL/3.
+//     shutdown the leader unlocks (after its fan-outs recorded their last
+//     batch) so a successor takes over within LeaderTTL/3; after a crash the
+//     successor takes over within about LeaderTTL + LeaderTTL/3. Each
+//     acquisition opens a leadership term, a number that only grows
+//     ("<prefix>:cron:term", lua/cron_term.lua: max(previous + 1, Redis time
+//     in µs), so it survives the counter expiring or Redis losing data).
 //   - An idempotency key per occurrence: before fanning out occurrence T of
-//     schedule N, the leader sets "<prefix>:cron:fired:<N>:<T.Unix()>" with
-//     SET NX (value: its Owner; expiry max(FiredKeyTTLMin, 2 × the
-//     schedule's interval)). Only the instance that set the key submits.
-//     So even two instances that both believe they lead (a paused leader
-//     waking up, a Redis failover) fire each occurrence once — the lesson
-//     of asynq's per-instance scheduler and gocron's per-run locks.
+//     schedule N, the leader claims it with lua/cron_claim.lua, which sets
+//     "{<prefix>:cron:<N>}:fired:<T.Unix()>" (value: its Owner; expiry
+//     max(FiredKeyTTLMin, 2 × the schedule's interval)) only if it does not
+//     exist, and in the same step writes the schedule's fan-out state (below).
+//     Only the instance that claimed submits. So even two instances that
+//     both believe they lead (a paused leader waking up, a Redis failover)
+//     fire each occurrence once — the lesson of asynq's per-instance
+//     scheduler and gocron's per-run locks. All keys of one schedule share
+//     the hash tag "{<prefix>:cron:<N>}", so the claim is one script on Redis
+//     Cluster too. (The unhashed fired key of the previous release,
+//     "<prefix>:cron:fired:<N>:<T>", is still honoured when present, for
+//     rolling deploys.)
+//   - A resumable fan-out under a fence. The state hash
+//     "{<prefix>:cron:<N>}:fanout" holds the schedule's latest claimed
+//     occurrence: its position (for "subjects: all" the partition and ZSCAN
+//     cursor, for a list the index of the next subject), submitted and
+//     duplicate counts, done flag, start and finish times, the owner and the
+//     term that may advance it. The fan-out submits a batch
+//     (Registry.SubmitMany with the occurrence) and then records it
+//     (lua/cron_progress.lua), which is refused unless the caller's term is
+//     the state's: a deposed leader that is still running cannot move the
+//     cursor. A crash between submit and record re-sends the batch, which is
+//     harmless: every task record remembers the occurrence ("occ:<N>") and
+//     answers a repeat "duplicate" without writing anything — exactly one
+//     request per subject per occurrence, by construction in Redis.
 //
+// # Resume
+//
+// Whoever leads — the same runner after a Redis error, a successor after a
+// crash, shutdown or lost leadership — finishes an unfinished fan-out before
+// firing that schedule's next occurrence: each loop checks on gaining
+// leadership and on every wake-up, and the claim itself refuses ("busy")
+// while the previous fan-out is unfinished. Resuming adopts the state under
+// the new term (lua/cron_adopt.lua), from which moment the old term's writes
+// are refused, and continues from its cursor. A fan-out keeps going through
+// Redis errors (the batch is retried with backoff, FanOutRetryMin to
+// FanOutRetryMax, while its term leads); it stops between batches when Run's
+// context ends (the batch in flight gets FanOutShutdownGrace) or leadership
+// is lost. Resume bound: a fan-out that started longer ago than its fired
+// key's TTL (max(FiredKeyTTLMin, 2 × the interval)) is not resumed but
+// abandoned (DecisionAbandoned, logged with its counts): the occurrences
+// since then cover its subjects. The state itself expires that long after
+// its last batch, so nothing outlives the schedule's activity (DESIGN §2.6).
+// If a deploy changed the schedule's scope or subject list, a resumed
+// fan-out restarts from the beginning (the occurrence answers "duplicate"
+// for the subjects it already reached).
+//
+// Remaining window: the fence stops a deposed leader's cursor writes, and
+// every fan-out checks that it still leads before each batch, but a leader
+// that pauses between that check and its SubmitMany (longer than the
+// leader TTL) can still deliver that one batch of the old occurrence after
+// a successor moved on to a newer occurrence of the same schedule; the
+// subjects of that batch would then see the old occurrence a second time.
+// Fencing the submit itself needs the term inside the partition scripts.
 // # Occurrences and catch-up
 //
 // Occurrences are computed locally with robfig/cron in
@@ -51,13 +102,14 @@
 // # Fan-out
 //
 // A claimed occurrence submits one request per subject with source
-// "schedule" and the job's default conflict policy; "subjects: all" is
-// resolved with Registry.Subjects before the occurrence is claimed. A fan-out
-// that started is completed even if leadership is lost meanwhile (nobody else
-// will fire that occurrence) and gets FanOutShutdownGrace after shutdown. A
-// runner that crashes in the middle of a fan-out leaves that occurrence's
-// remaining subjects unfired — at most once per occurrence is the price of
-// never firing twice; the next occurrence covers them.
+// "schedule" and the job's default conflict policy, in batches of
+// FanOutBatch subjects: an explicit list is sliced; "subjects: all" — the
+// subjects requested for the scope by anything but a schedule (a person, the
+// app, the API) within the registry's retention — is paged partition by
+// partition with ZSCAN (Registry.ScanSubjects), so memory stays about one
+// batch whatever the number of subjects. Each batch is one SubmitMany (one
+// pipelined round trip of partition scripts) and one cursor write. Status
+// reports each schedule's last occurrence and its progress.
 //
 // # Foreground
 //

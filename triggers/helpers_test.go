@@ -98,7 +98,7 @@ func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 func firedKeys(t testing.TB, rdb redis.UniversalClient, name string) map[int64]string {
 	t.Helper()
 	ctx := context.Background()
-	pattern := testPrefix + ":cron:fired:" + name + ":*"
+	pattern := "{" + testPrefix + ":cron:" + name + "}:fired:*"
 	out := map[int64]string{}
 	iter := rdb.Scan(ctx, 0, pattern, 1000).Iterator()
 	for iter.Next(ctx) {
@@ -118,6 +118,14 @@ func firedKeys(t testing.TB, rdb redis.UniversalClient, name string) map[int64]s
 	}
 	return out
 }
+
+// firedKeyName is occurrence ts's fired key of schedule name.
+func firedKeyName(name string, ts int64) string {
+	return "{" + testPrefix + ":cron:" + name + "}:fired:" + strconv.FormatInt(ts, 10)
+}
+
+// stateKeyName is schedule name's fan-out state key.
+func stateKeyName(name string) string { return "{" + testPrefix + ":cron:" + name + "}:fanout" }
 
 // scheduleRequests counts the requests with source schedule in the key's
 // history (every request appends one event, whatever its outcome).

@@ -13,8 +13,9 @@ import (
 type leaderEvent string
 
 const (
-	// leaderAcquired: this Scheduler took the mutex; it fires from now on,
-	// plus the catch-up occurrence.
+	// leaderAcquired: this Scheduler took the mutex and a new term; it
+	// finishes any unfinished fan-out, then fires from now on, plus the
+	// catch-up occurrence.
 	leaderAcquired leaderEvent = "acquired"
 	// leaderLost: an extension was refused, failed or came too late; this
 	// Scheduler stopped firing at once.
@@ -26,11 +27,15 @@ const (
 	leaderAbandoned leaderEvent = "abandoned"
 )
 
-// lead runs the election until ctx ends: a follower tries to acquire the
-// mutex every renewEvery; the leader extends it every renewEvery and steps
-// down on the first extension it cannot confirm in time. The mutex is only
-// touched from this goroutine (redsync.Mutex is not safe for concurrent use).
-func (s *Scheduler) lead(ctx context.Context) {
+// lead runs the election: a follower tries to acquire the mutex every
+// renewEvery; the leader extends it every renewEvery and steps down on the
+// first extension it cannot confirm in time. When ctx ends it acquires no
+// more, but a leader keeps extending until loopsDone (the loops recorded
+// their last batch) and then resigns, so the cursor a successor resumes
+// from is up to date. A simulated crash (skipUnlock) stops at once. The
+// mutex is only touched from this goroutine (redsync.Mutex is not safe for
+// concurrent use).
+func (s *Scheduler) lead(ctx context.Context, loopsDone <-chan struct{}) {
 	if s.forceLeader {
 		<-ctx.Done()
 		return
@@ -47,19 +52,28 @@ func (s *Scheduler) lead(ctx context.Context) {
 		redsync.WithGenValueFunc(func() (string, error) { return s.owner, nil }),
 		redsync.WithValue(s.owner),
 	)
-	failing := false // log a broken election once, not every tick
+	rctx := context.WithoutCancel(ctx) // extensions outlive ctx until loopsDone
+	failing := false                   // log a broken election once, not every tick
 	timer := time.NewTimer(0)
 	defer timer.Stop()
+	stopping := ctx.Done()
 	for {
 		select {
-		case <-ctx.Done():
-			s.resign(ctx, m)
+		case <-stopping:
+			if s.skipUnlock { // a crashed process extends nothing
+				s.resign(rctx, m)
+				return
+			}
+			stopping = nil // keep extending until the loops are done
+			continue
+		case <-loopsDone:
+			s.resign(rctx, m)
 			return
 		case <-timer.C:
 		}
-		if s.until.Load() != nil {
-			s.extend(ctx, m)
-		} else {
+		if s.leading.Load() != nil {
+			s.extend(rctx, m)
+		} else if ctx.Err() == nil {
 			failing = s.acquire(ctx, m, failing)
 		}
 		timer.Reset(s.renewEvery)
@@ -83,9 +97,24 @@ func (s *Scheduler) acquire(ctx context.Context, m *redsync.Mutex, failing bool)
 		s.log.Log(ctx, level, "cron leader election failed", slog.Any("error", err))
 		return true
 	}
-	until := m.Until()
-	s.until.Store(&until)
-	s.log.Info("cron leadership", slog.String("event", string(leaderAcquired)), slog.Time("valid_until", until))
+	// A new term fences the fan-outs of every earlier leader: without one,
+	// this Scheduler does not lead.
+	term, err := s.newTerm(ctx)
+	if err != nil {
+		level := slog.LevelWarn
+		if failing {
+			level = slog.LevelDebug
+		}
+		s.log.Log(ctx, level, "cron leadership: no term; giving the mutex back", slog.Any("error", err))
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.renewEvery)
+		_, _ = m.UnlockContext(uctx)
+		cancel()
+		return true
+	}
+	until := m.Until() // if the term took too long, IsLeader is false and extend steps down
+	s.leading.Store(&leadership{until: until, term: term})
+	s.log.Info("cron leadership", slog.String("event", string(leaderAcquired)), slog.Time("valid_until", until),
+		slog.Int64("term", term))
 	for _, e := range s.entries { // look back for an occurrence lost in the handover
 		select {
 		case e.gained <- struct{}{}:
@@ -97,7 +126,8 @@ func (s *Scheduler) acquire(ctx context.Context, m *redsync.Mutex, failing bool)
 
 // extend renews the mutex; on any doubt it steps down at once.
 func (s *Scheduler) extend(ctx context.Context, m *redsync.Mutex) {
-	until := *s.until.Load()
+	cur := *s.leading.Load()
+	until := cur.until
 	if !time.Now().Before(until) {
 		s.stepDown("validity ran out before the extension (process paused?)", nil)
 		return
@@ -108,19 +138,14 @@ func (s *Scheduler) extend(ctx context.Context, m *redsync.Mutex) {
 	ok, err := m.ExtendContext(ectx)
 	cancel()
 	if !ok || err != nil {
-		if ctx.Err() != nil { // shutting down: resign follows
-			s.until.Store(nil)
-			return
-		}
 		s.stepDown("extension failed", err)
 		return
 	}
-	next := m.Until()
-	s.until.Store(&next)
+	s.leading.Store(&leadership{until: m.Until(), term: cur.term})
 }
 
 func (s *Scheduler) stepDown(why string, err error) {
-	s.until.Store(nil)
+	s.leading.Store(nil)
 	attrs := []any{slog.String("event", string(leaderLost)), slog.String("reason", why)}
 	if err != nil {
 		attrs = append(attrs, slog.Any("error", err))
@@ -129,18 +154,19 @@ func (s *Scheduler) stepDown(why string, err error) {
 }
 
 // resign stops firing and, unless simulating a crash, unlocks the mutex so a
-// successor can acquire it at its next try instead of after the expiry. The
-// unlock runs on a fresh context: with the cancelled one it would not be
-// sent, and the mutex would block everyone for its TTL.
+// successor can acquire it at its next try instead of after the expiry. ctx
+// is not cancelled by shutdown (lead passes a WithoutCancel context): with a
+// cancelled one the unlock would not be sent, and the mutex would block
+// everyone for its TTL.
 func (s *Scheduler) resign(ctx context.Context, m *redsync.Mutex) {
-	was := s.until.Swap(nil) != nil
+	was := s.leading.Swap(nil) != nil
 	if s.skipUnlock {
 		if was {
 			s.log.Info("cron leadership", slog.String("event", string(leaderAbandoned)))
 		}
 		return
 	}
-	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.renewEvery)
+	uctx, cancel := context.WithTimeout(ctx, s.renewEvery)
 	defer cancel()
 	ok, err := m.UnlockContext(uctx)
 	switch {

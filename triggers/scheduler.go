@@ -10,7 +10,6 @@ import (
 	"os"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -38,15 +37,35 @@ const (
 	// to acquire it, every LeaderTTL/LeaderRenewDivisor.
 	LeaderRenewDivisor = 3
 	// FiredKeyTTLMin is the minimum expiry of an occurrence's idempotency
-	// key. The key only has to outlive the catch-up window (LeaderTTL +
+	// key. The key has to outlive the catch-up window (LeaderTTL +
 	// LeaderTTL/3) during which another instance might try the same
 	// occurrence; an hour also absorbs gross clock skew between runners. The
-	// key lives max(FiredKeyTTLMin, 2 × the schedule's interval).
+	// key lives max(FiredKeyTTLMin, 2 × the schedule's interval). The same
+	// duration bounds resuming: an unfinished fan-out that started longer
+	// ago is abandoned, and the fan-out state expires that long after its
+	// last batch.
 	FiredKeyTTLMin = time.Hour
-	// FanOutShutdownGrace is how long a claimed occurrence's fan-out may go
-	// on after Run's context ended, so that shutdown does not leave an
-	// occurrence half fired.
+	// FanOutShutdownGrace bounds the batch in flight when Run's context
+	// ends: the fan-out stops after that batch (its submit and its cursor
+	// write), which may take at most this long. Stopping loses nothing —
+	// the fan-out state stays in Redis and whoever leads next resumes it —
+	// so the grace only saves the successor from re-sending one batch
+	// (which the occurrence would answer "duplicate" anyway).
 	FanOutShutdownGrace = 5 * time.Second
+	// FanOutBatch is the number of subjects one fan-out batch holds: the
+	// ZSCAN COUNT of a "subjects: all" page, and the slice of an explicit
+	// list. A batch is one SubmitMany (one pipelined round trip) plus one
+	// cursor write; memory stays about one batch whatever the subject count.
+	FanOutBatch = 500
+	// FanOutRetryMin and FanOutRetryMax bound the backoff between retries
+	// of a batch that failed on a Redis error; a fan-out retries while it
+	// still leads.
+	FanOutRetryMin = 100 * time.Millisecond
+	FanOutRetryMax = 5 * time.Second
+	// TermTTL is the expiry of the leadership term counter
+	// "<prefix>:cron:term" (refreshed by every new term). Terms stay
+	// monotonic without it: a term is never below Redis time in µs.
+	TermTTL = 7 * 24 * time.Hour
 	// acquireTimeoutFactor bounds one acquisition attempt to LeaderTTL/3
 	// (redsync's default, 5% of the expiry, is a few ms for short TTLs).
 	acquireTimeoutFactor = 1.0 / LeaderRenewDivisor
@@ -66,9 +85,11 @@ type Schedule struct {
 	Scope string
 	// Subjects are the explicit subjects to submit for, one request each.
 	Subjects []string
-	// AllSubjects fans out to every subject ever submitted for Scope
-	// (Registry.Subjects, read at fire time) — "subjects: all". Exclusive
-	// with Subjects.
+	// AllSubjects fans out to the subjects of Scope — "subjects: all":
+	// every subject requested for Scope by anything but a schedule (a
+	// person, the app, the API) within the registry's retention. They are
+	// streamed partition by partition (Registry.ScanSubjects), never loaded
+	// at once. Exclusive with Subjects.
 	AllSubjects bool
 }
 
@@ -81,8 +102,12 @@ type SchedulerConfig struct {
 	// jobs.Runner. Default: the hostname.
 	ID string
 	// Prefix of the Redis keys (default "tasklease"); use the registry's.
-	// Keys: "<prefix>:cron:leader" (the redsync mutex) and
-	// "<prefix>:cron:fired:<name>:<unixSeconds>" (idempotency keys).
+	// Keys: "<prefix>:cron:leader" (the redsync mutex),
+	// "<prefix>:cron:term" (the leadership term counter), and per schedule,
+	// under its hash tag "{<prefix>:cron:<name>}":
+	// "{<prefix>:cron:<name>}:fired:<unixSeconds>" (an occurrence's
+	// idempotency key) and "{<prefix>:cron:<name>}:fanout" (the fan-out
+	// state of its latest occurrence). See the package documentation.
 	Prefix string
 	// LeaderTTL is the leader mutex's expiry (default LeaderTTLDefault, at
 	// least LeaderTTLMin). It is extended every LeaderTTL/3; catch-up looks
@@ -98,26 +123,52 @@ type SchedulerConfig struct {
 // Decision is what a Scheduler did with one due occurrence.
 type Decision string
 
-// Decisions, logged with attribute "decision".
+// Decisions, logged with attribute "decision" and reported to the
+// observe test hook.
 const (
-	// DecisionFired: this runner set the occurrence's fired key and
-	// submitted one request per subject.
+	// DecisionFired: this runner claimed the occurrence (its fired key and
+	// fan-out state, in one step) and submitted one request per subject to
+	// the end of the fan-out.
 	DecisionFired Decision = "fired"
-	// DecisionDuplicate: the fired key existed — another instance (or an
-	// earlier leader) fired the occurrence; nothing was submitted.
+	// DecisionResumed: this runner took over an unfinished fan-out (its own
+	// after an error, or a previous leader's after a crash or handover) and
+	// finished it from the saved cursor; subjects it had already reached
+	// answered "duplicate".
+	DecisionResumed Decision = "resumed"
+	// DecisionInterrupted: the fan-out (fired or resumed) stopped before
+	// its end — shutdown, or leadership lost — with its cursor saved in
+	// Redis; whoever leads next resumes it.
+	DecisionInterrupted Decision = "interrupted"
+	// DecisionDuplicate: the occurrence (or a later one) was claimed
+	// already — by another instance, or an earlier leader; nothing was
+	// submitted.
 	DecisionDuplicate Decision = "duplicate"
+	// DecisionFenced: a newer leadership term owns the schedule's fan-out:
+	// this runner is a deposed leader; it submitted nothing more and moved
+	// no cursor.
+	DecisionFenced Decision = "fenced"
+	// DecisionAbandoned: an unfinished fan-out was older than the resume
+	// bound (the occurrence's fired-key TTL since it started); it was
+	// marked done without finishing — the next occurrence covers its
+	// subjects.
+	DecisionAbandoned Decision = "abandoned"
 	// DecisionNotLeader: leadership was lost (or could not be confirmed)
 	// before the occurrence was claimed; nothing was submitted.
 	DecisionNotLeader Decision = "not_leader"
-	// DecisionError: Redis failed before the occurrence was claimed (or
-	// "all" subjects could not be read); nothing was submitted and the
-	// occurrence is not retried.
+	// DecisionError: Redis kept failing while claiming the occurrence (it
+	// is retried for the catch-up window; the occurrence is then not
+	// retried), the fan-out state expired under a running fan-out, or its
+	// batches kept failing for as long as a fan-out may be resumed (the
+	// state stays unfinished: a later resume continues it or, once too
+	// old, abandons it).
 	DecisionError Decision = "error"
 )
 
 // Scheduler fires cron schedules through a jobs.Registry. Every runner runs
-// one; only the elected leader fires, and each occurrence is claimed with an
-// idempotency key first (see the package documentation).
+// one; only the elected leader fires, each occurrence is claimed with an
+// idempotency key first, and its fan-out keeps a cursor in Redis, fenced by
+// the leadership term, that whoever leads next finishes (see the package
+// documentation).
 type Scheduler struct {
 	rdb        redis.UniversalClient
 	reg        *jobs.Registry
@@ -125,35 +176,64 @@ type Scheduler struct {
 	owner      string
 	prefix     string
 	leaderKey  string
+	termKey    string
 	ttl        time.Duration
 	renewEvery time.Duration
 	catchUp    time.Duration
 	loc        *time.Location
 	log        *slog.Logger
 	rs         *redsync.Redsync
-	until      atomic.Pointer[time.Time] // leadership valid before; nil = follower
+	leading    atomic.Pointer[leadership] // nil = follower
 	started    atomic.Bool
+
+	forcedMu   sync.Mutex
+	forcedTerm int64 // forceLeader's term, taken on first use
 
 	// Test hooks, set before Run by tests in this package.
 	now         func() time.Time // occurrence clock (default time.Now)
 	skipUnlock  bool             // simulate a crash: exit without releasing the mutex
 	forceLeader bool             // believe to lead, without an election
 	observe     func(firing)     // called after each decision
+	// afterSubmit is called after a batch was submitted and before its
+	// cursor write; returning false simulates a crash right there (the
+	// fan-out ends without writing anything more).
+	afterSubmit func(batchInfo) bool
+	batchSize   int           // subjects per batch (default FanOutBatch)
+	retryMin    time.Duration // first retry backoff (default FanOutRetryMin)
+}
+
+// leadership is one term of this Scheduler's leadership.
+type leadership struct {
+	until time.Time // valid before (redsync's validity, drift deducted)
+	term  int64     // the term number (cron_term.lua), fencing fan-out writes
 }
 
 // entry is one validated schedule.
 type entry struct {
 	Schedule
 	sched  cron.Schedule
-	gained chan struct{} // leadership was (re)acquired: look back for catch-up
+	spec   string        // fingerprint of scope and subjects (fan-out state "spec")
+	gained chan struct{} // leadership was (re)acquired: look back for catch-up and resume
 }
 
 // firing reports one decision to the observe hook.
 type firing struct {
-	name      string
-	at        time.Time
-	decision  Decision
-	submitted int
+	name       string
+	at         time.Time // the occurrence
+	decision   Decision
+	submitted  int // requests written by this runner's part of the fan-out
+	duplicates int // subjects this runner found already reached
+	batches    int // batches this runner recorded
+	maxBatch   int // the most subjects one batch held
+}
+
+// batchInfo describes one batch to the afterSubmit test hook.
+type batchInfo struct {
+	name  string
+	at    time.Time
+	n     int // subjects in the batch
+	seq   int // 1 for the first batch of this runner's part of the fan-out
+	owner string
 }
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
@@ -243,13 +323,16 @@ func NewScheduler(rdb redis.UniversalClient, reg *jobs.Registry, cfg SchedulerCo
 			subjects[subj] = true
 		}
 		sc.Subjects = slices.Clone(sc.Subjects)
-		s.entries = append(s.entries, &entry{Schedule: sc, sched: sched, gained: make(chan struct{}, 1)})
+		s.entries = append(s.entries, &entry{Schedule: sc, sched: sched, spec: subjectsSpec(sc, reg.Partitions()),
+			gained: make(chan struct{}, 1)})
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
 	s.prefix = ks.Prefix()
 	s.leaderKey = s.prefix + ":cron:leader"
+	s.termKey = s.prefix + ":cron:term"
+	s.batchSize, s.retryMin = FanOutBatch, FanOutRetryMin
 	s.owner = cfg.ID + "/" + randomHex(3)
 	s.log = cfg.Logger.With(slog.String("component", "scheduler"), slog.String("owner", s.owner))
 	s.rs = redsync.New(goredispool.NewPool(rdb))
@@ -305,7 +388,8 @@ func latestDue(sched cron.Schedule, from, now time.Time) (time.Time, bool) {
 }
 
 // Owner returns this Scheduler's identity: the leader mutex value while it
-// leads, and the value of the fired keys it sets.
+// leads, the value of the fired keys it sets, and the owner recorded in the
+// fan-out states it claims or resumes.
 func (s *Scheduler) Owner() string { return s.owner }
 
 // IsLeader reports whether this Scheduler currently, and surely, leads: it
@@ -315,8 +399,8 @@ func (s *Scheduler) IsLeader() bool {
 	if s.forceLeader {
 		return true
 	}
-	u := s.until.Load()
-	return u != nil && time.Now().Before(*u)
+	l := s.leading.Load()
+	return l != nil && time.Now().Before(l.until)
 }
 
 // Leader returns the Owner of the current leader as stored in Redis, or ""
@@ -329,43 +413,51 @@ func (s *Scheduler) Leader(ctx context.Context) (string, error) {
 	return v, err
 }
 
-// Run elects a leader and fires the schedules until ctx ends. On exit it
-// releases leadership (Unlock) so a successor takes over at once, and waits
-// for a claimed occurrence's fan-out (at most FanOutShutdownGrace). It
-// returns nil when ctx ends; Run may be called once.
+// Run elects a leader and fires the schedules until ctx ends. When ctx
+// ends, a fan-out in progress stops after its current batch (at most
+// FanOutShutdownGrace), then leadership is released (Unlock) so a successor
+// takes over at once and resumes any unfinished fan-out from its cursor.
+// It returns nil when ctx ends; Run may be called once.
 func (s *Scheduler) Run(ctx context.Context) error {
 	if !s.started.CompareAndSwap(false, true) {
 		return errors.New("triggers: Scheduler.Run called twice")
 	}
-	fanCtx, stopFan := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopFan()
-	stopGrace := context.AfterFunc(ctx, func() { time.AfterFunc(FanOutShutdownGrace, stopFan) })
-	defer stopGrace()
-
 	s.log.Info("scheduler started", slog.Int("schedules", len(s.entries)),
 		slog.Duration("leader_ttl", s.ttl), slog.Bool("force_leader", s.forceLeader))
-	var wg sync.WaitGroup
-	wg.Go(func() { s.lead(ctx) })
+	loopsDone := make(chan struct{})
+	var leader, loops sync.WaitGroup
+	leader.Go(func() { s.lead(ctx, loopsDone) })
 	for _, e := range s.entries {
-		wg.Go(func() { s.loop(ctx, fanCtx, e) })
+		loops.Go(func() { s.loop(ctx, e) })
 	}
-	wg.Wait()
+	loops.Wait()
+	close(loopsDone) // the last batches are recorded: resign now
+	leader.Wait()
 	s.log.Info("scheduler stopped")
 	return nil
 }
 
-// loop waits for e's occurrences and fires the due ones while leading.
-func (s *Scheduler) loop(ctx, fanCtx context.Context, e *entry) {
+// loop waits for e's occurrences and, while leading, first finishes e's
+// unfinished fan-out (if any), then fires the due occurrence.
+func (s *Scheduler) loop(ctx context.Context, e *entry) {
 	var lastFired time.Time // latest occurrence this loop tried to claim
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for ctx.Err() == nil {
 		now := s.now().In(s.loc)
 		if s.IsLeader() {
-			if t, ok := s.due(e, lastFired, now); ok {
-				lastFired = t
-				s.fire(fanCtx, e, t)
-				continue // the fan-out took time: look again
+			// An interrupted or fenced resume waits for the next wake-up
+			// (leadership gained again, or the next occurrence).
+			d, found := s.resume(ctx, e)
+			if found && d == DecisionResumed {
+				continue // finished; the next occurrence may be due meanwhile
+			}
+			if !found {
+				if t, ok := s.due(e, lastFired, now); ok {
+					lastFired = t
+					s.fire(ctx, e, t)
+					continue // the fan-out took time: look again
+				}
 			}
 		}
 		next := e.sched.Next(now)
@@ -392,67 +484,6 @@ func (s *Scheduler) due(e *entry, lastFired, now time.Time) (time.Time, bool) {
 		from = lastFired
 	}
 	return latestDue(e.sched, from, now)
-}
-
-// firedKey is occurrence t's idempotency key.
-func (s *Scheduler) firedKey(name string, t time.Time) string {
-	return s.prefix + ":cron:fired:" + name + ":" + strconv.FormatInt(t.Unix(), 10)
-}
-
-// fire claims occurrence t of e with its fired key and, when this runner
-// set it, submits one request per subject.
-func (s *Scheduler) fire(ctx context.Context, e *entry, t time.Time) Decision {
-	log := s.log.With(slog.String("schedule", e.Name), slog.String("scope", e.Scope),
-		slog.Time("occurrence", t))
-	report := func(d Decision, n int) Decision {
-		if s.observe != nil {
-			s.observe(firing{name: e.Name, at: t, decision: d, submitted: n})
-		}
-		return d
-	}
-	subjects := e.Subjects
-	if e.AllSubjects {
-		var err error
-		if subjects, err = s.reg.Subjects(ctx, e.Scope); err != nil {
-			log.Error("schedule: reading subjects failed; occurrence not fired", slog.Any("error", err))
-			return report(DecisionError, 0)
-		}
-	}
-	if !s.IsLeader() { // never claim while unsure
-		log.Info("schedule: leadership lost before the occurrence; not fired", slog.String("decision", string(DecisionNotLeader)))
-		return report(DecisionNotLeader, 0)
-	}
-	ttl := FiredKeyTTLMin
-	if next := e.sched.Next(t); !next.IsZero() {
-		ttl = max(ttl, 2*next.Sub(t))
-	}
-	set, err := s.rdb.SetNX(ctx, s.firedKey(e.Name, t), s.owner, ttl).Result()
-	if err != nil {
-		log.Error("schedule: claiming the occurrence failed; not fired", slog.Any("error", err),
-			slog.String("decision", string(DecisionError)))
-		return report(DecisionError, 0)
-	}
-	if !set {
-		log.Debug("schedule: occurrence already fired", slog.String("decision", string(DecisionDuplicate)))
-		return report(DecisionDuplicate, 0)
-	}
-	submitted, failed := 0, 0
-	for _, subj := range subjects {
-		key := subj + taskkey.Separator + e.Scope
-		res, err := s.reg.Submit(ctx, subj, e.Scope, jobs.SubmitOptions{Source: jobs.SourceSchedule})
-		if err != nil {
-			failed++
-			log.Error("schedule: submit failed", slog.String("task_key", key),
-				slog.String("source", string(jobs.SourceSchedule)), slog.Any("error", err))
-			continue
-		}
-		submitted++
-		log.Debug("schedule: request", slog.String("task_key", key), slog.String("run_id", res.Task.RunID),
-			slog.String("source", string(jobs.SourceSchedule)), slog.String("outcome", string(res.Outcome)))
-	}
-	log.Info("schedule fired", slog.String("decision", string(DecisionFired)),
-		slog.Int("subjects", len(subjects)), slog.Int("submitted", submitted), slog.Int("failed", failed))
-	return report(DecisionFired, submitted)
 }
 
 func randomHex(n int) string {

@@ -1,0 +1,16 @@
+-- cron_term: open a new cron leadership term (DESIGN §8). Each runner that
+-- becomes the cron leader takes one; fan-out progress is fenced by it
+-- (cron_adopt.lua, cron_progress.lua). Terms only grow, even when Redis
+-- loses the counter (restart without persistence, failover to a lagging
+-- replica, a flush): a term is max(previous + 1, Redis TIME in
+-- microseconds), as the fencing tokens of lease_grant, so the counter may
+-- expire (DESIGN §2.6). Terms stay below 2^53.
+-- KEYS[1] term counter ("<prefix>:cron:term")
+-- ARGV[1] expiry of the counter (ms)
+-- returns the new term (an integer)
+local t = redis.call('TIME')
+local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local prev = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+local term = math.max(prev + 1, floor)
+redis.call('SET', KEYS[1], tok_str(term), 'PX', ARGV[1])
+return term
