@@ -45,8 +45,10 @@ type SubmitManyOptions struct {
 // a second request would, e.g. joined). Invalid input writes nothing.
 //
 // With opts.Occurrence each key records the occurrence, and a subject the
-// same occurrence already reached answers OutcomeDuplicate and writes
-// nothing, so resuming an interrupted fan-out never sends a second request.
+// same occurrence (or a later one of the schedule) already reached answers
+// OutcomeDuplicate and writes nothing, so resuming an interrupted fan-out
+// never sends a second request, and a deposed leader's late batch of an
+// older occurrence is dropped.
 func (r *Registry) SubmitMany(ctx context.Context, scope string, subjects []string, opts SubmitManyOptions) ([]Outcome, error) {
 	job, ok := r.jobs[scope]
 	if !ok {

@@ -195,11 +195,16 @@ end
 --     min_interval (ms), cap, events, cancels, group, retention (ms),
 --     occ_field, occ (a schedule occurrence: '' for none), now}
 -- returns the outcome: started | joined | queued | skipped | replaced |
--- throttled, or duplicate when occ_field already holds occ (this
--- occurrence already reached the key; nothing is written).
+-- throttled, or duplicate when occ_field already holds occ or a later
+-- occurrence (unix seconds) — this occurrence already reached the key, or a
+-- newer one did; nothing is written.
 local function submit_one(a)
   local task, hist, now = a.task, a.hist, a.now
-  if a.occ ~= '' and redis.call('HGET', task, a.occ_field) == a.occ then return 'duplicate' end
+  -- A repeat of this occurrence, or a late batch of an older one (a leader
+  -- paused past its term), writes nothing: occurrences only move forward.
+  if a.occ ~= '' and (tonumber(redis.call('HGET', task, a.occ_field)) or -1) >= tonumber(a.occ) then
+    return 'duplicate'
+  end
   -- "subjects: all" means every subject people or apps asked for within
   -- the retention: schedule requests do not keep a subject in the set.
   if a.source ~= 'schedule' then redis.call('ZADD', a.subjects, now, a.subject) end

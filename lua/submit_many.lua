@@ -1,8 +1,9 @@
 -- submit_many: route one request per subject of one scope, all in one
 -- partition, through submit_one (lib.lua) — the same rules as submit.lua,
 -- one script call for a whole batch (cron fan-outs, bulk "sync everyone").
--- With an occurrence, each key records it (field occ_field = occ) and a
--- repeat of the same occurrence is answered "duplicate" and writes nothing,
+-- With an occurrence, each key records it (field occ_field = occ, unix
+-- seconds) and a repeat of it — or of an older one — is answered
+-- "duplicate" and writes nothing,
 -- so a fan-out resumed after a crash gives every subject exactly one request.
 -- KEYS[1] partition request stream   KEYS[2] partition index
 -- KEYS[3] partition subjects of the scope (zset)   KEYS[4] partition retry queue
