@@ -12,10 +12,13 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/tasklease/tasklease/internal/supervisor"
 )
 
 // ExecKillGraceDefault is how long ExecStage waits between SIGTERM and
@@ -34,18 +37,44 @@ const (
 
 // ExecStage runs a command per stage execution.
 //
-// The command runs in its own process group. When the stage context is done
-// (lease loss, cancel, timeout, shutdown) the group gets SIGTERM, then
-// SIGKILL after the grace. Whatever the command leaves running in its group
-// is killed when it exits, so no process of a stage outlives it and races
-// the next lease holder. On Linux the command also gets SIGKILL if the
-// runner dies.
-//
 // The command sees the run in its environment: TASKLEASE_KEY,
 // TASKLEASE_SUBJECT, TASKLEASE_SCOPE, TASKLEASE_STAGE, TASKLEASE_SOURCE,
 // TASKLEASE_RUN_ID, TASKLEASE_ATTEMPT, TASKLEASE_FENCING_TOKEN,
 // TASKLEASE_RESUMED ("1" or "0") and TASKLEASE_CURSOR (saved progress,
 // standard base64, empty if none).
+//
+// # What is stopped, and when
+//
+// With a Supervisor, on Linux, the command runs under a supervisor process
+// (see package internal/supervisor) that is a child subreaper: every
+// process the command starts — children, grandchildren, daemons that
+// double-fork and setsid out of the process group — stays its descendant.
+//   - The command exits: what it left running gets SIGTERM, 200 ms, then
+//     SIGKILL; RunStage returns once every descendant is dead and reaped.
+//   - The stage context is done (cancel, timeout, lease loss, shutdown):
+//     every descendant gets SIGTERM, and SIGKILL at 80% of the kill grace
+//     (for a grace under 500 ms, up to 100 ms before its end); if the
+//     supervisor has not finished when the whole grace is up, its process
+//     group is SIGKILLed too.
+//   - The runner dies (SIGKILL, OOM, crash): the supervisor gets SIGUSR1 as
+//     its parent-death signal and SIGKILLs every descendant at once.
+//
+// Only processes started on the command's behalf by something else
+// (systemd-run, a container engine, ssh to another host) are out of reach.
+//
+// Without a Supervisor (or on another OS) the command runs in its own
+// process group. When the context is done the group gets SIGTERM, then
+// SIGKILL after the kill grace; when the command exits, what is left in
+// its group is SIGKILLed. On Linux the command itself — not its children —
+// also gets SIGKILL if the runner dies. Descendants that leave the group
+// (setsid, daemons) are not tracked: they may outlive the stage, and the
+// runner, and race the next lease holder. To enable the supervisor, host
+// it in your main before anything else and set Supervisor:
+//
+//	if len(os.Args) > 1 && os.Args[1] == jobs.SuperviseCommand { os.Exit(jobs.SuperviseMain(os.Args[2:])) }
+//	stage.Supervisor = []string{executablePath, jobs.SuperviseCommand} // executablePath from os.Executable()
+//
+// `runner serve` does this for every exec stage of its configuration.
 type ExecStage struct {
 	// Command is the argv; Command[0] is looked up in PATH. Required.
 	Command []string
@@ -67,7 +96,35 @@ type ExecStage struct {
 	// (stdout at info, stderr at warn) with the run's task_key, run_id,
 	// stage, attempt and fencing_token, besides Stdout and Stderr.
 	Logger *slog.Logger
+	// Supervisor is the command prefix that starts the exec supervisor,
+	// normally {path of a binary whose main hosts SuperviseMain,
+	// SuperviseCommand}; the supervisor's options and the command follow
+	// it. A relative path is taken relative to the runner's working
+	// directory. Empty, or on an OS other than Linux, the command runs
+	// unsupervised (see the type's documentation).
+	//
+	// The binary must check for SuperviseCommand before it does anything
+	// else: one that does not runs its usual main with these arguments (a
+	// test binary, for one, runs all its tests), and the stage fails.
+	Supervisor []string
 }
+
+// SuperviseCommand is the first argument that makes a binary hosting the
+// exec supervisor run it instead of its usual work; see
+// ExecStage.Supervisor and SuperviseMain.
+const SuperviseCommand = "__tasklease-supervise"
+
+// SuperviseMain runs the exec supervisor with the arguments that follow
+// SuperviseCommand and returns the process exit code. A binary hosts it by
+// checking os.Args[1] first thing in main:
+//
+//	if len(os.Args) > 1 && os.Args[1] == jobs.SuperviseCommand {
+//		os.Exit(jobs.SuperviseMain(os.Args[2:]))
+//	}
+//
+// It handles SIGTERM, SIGINT and SIGUSR1 itself and must not run in a
+// process that does anything else.
+func SuperviseMain(args []string) int { return supervisor.Main(args) }
 
 // Validate checks the configuration; errors wrap ErrConfig.
 func (e *ExecStage) Validate() error {
@@ -98,8 +155,8 @@ func (e *ExecStage) killGrace(run *Run) time.Duration {
 }
 
 // RunStage runs the command and waits for it. Exit status 0 completes the
-// stage. When ctx is done the process group is stopped and the error wraps
-// context.Cause(ctx).
+// stage. When ctx is done the command and what it started are stopped and
+// the error wraps context.Cause(ctx).
 func (e *ExecStage) RunStage(ctx context.Context, run *Run) error {
 	if err := e.Validate(); err != nil {
 		return Permanent(err)
@@ -108,10 +165,23 @@ func (e *ExecStage) RunStage(ctx context.Context, run *Run) error {
 	if ctx.Err() != nil {
 		return fmt.Errorf("exec %s: not started: %w", argv0, context.Cause(ctx))
 	}
+	grace := e.killGrace(run)
 
+	// Supervised, cmd is the supervisor and sv its side of the protocol.
+	var cmd *exec.Cmd
+	var sv *supervised
+	if supervisorSupported && len(e.Supervisor) > 0 {
+		var err error
+		if cmd, sv, err = e.supervisedCmd(grace); err != nil {
+			return startError(argv0, err)
+		}
+	} else {
+		cmd = exec.Command(argv0, e.Command[1:]...)
+	}
 	tail := &tailBuffer{max: execStderrTail}
-	cmd := exec.Command(argv0, e.Command[1:]...)
-	cmd.Dir = e.Dir
+	if sv == nil {
+		cmd.Dir = e.Dir // the supervisor gets --dir
+	}
 	cmd.Env = execEnv(e.Env, run)
 	stdout, stderr := []io.Writer{}, []io.Writer{tail}
 	if e.Stdout != nil {
@@ -133,16 +203,15 @@ func (e *ExecStage) RunStage(ctx context.Context, run *Run) error {
 		cmd.Stdout = io.MultiWriter(stdout...)
 	}
 	cmd.Stderr = io.MultiWriter(stderr...)
-	cmd.SysProcAttr = execSysProcAttr()
+	cmd.SysProcAttr = execSysProcAttr(sv != nil)
 	cmd.WaitDelay = execIODelay
 
 	p, err := startExec(cmd)
+	if sv != nil {
+		sv.started(err == nil)
+	}
 	if err != nil {
-		err = fmt.Errorf("exec %s: start: %w", argv0, err)
-		if permanentStartError(err) {
-			return Permanent(err)
-		}
-		return err
+		return startError(argv0, err)
 	}
 
 	var stopped error
@@ -150,8 +219,14 @@ func (e *ExecStage) RunStage(ctx context.Context, run *Run) error {
 	case <-p.exited:
 	case <-ctx.Done():
 		stopped = context.Cause(ctx)
-		terminateGroup(cmd.Process)
-		t := time.NewTimer(e.killGrace(run))
+		if sv != nil {
+			// The supervisor stops the descendants within its shorter grace;
+			// the group SIGKILL below is the backstop.
+			terminateProcess(cmd.Process)
+		} else {
+			terminateGroup(cmd.Process)
+		}
+		t := time.NewTimer(grace)
 		select {
 		case <-p.exited:
 			t.Stop()
@@ -162,13 +237,20 @@ func (e *ExecStage) RunStage(ctx context.Context, run *Run) error {
 	}
 	// The leader is gone; kill what it left behind in its group (or what
 	// ignored SIGTERM). On Linux the leader is not reaped yet, so its pid —
-	// the group id — cannot have been reused.
+	// the group id — cannot have been reused. A supervisor has normally
+	// emptied the group already.
 	killGroup(cmd.Process)
 	close(p.reap)
 	err = <-p.done
 
 	if stopped != nil {
+		if sv != nil {
+			sv.wait()
+		}
 		return fmt.Errorf("exec %s: stopped: %w", argv0, stopped)
+	}
+	if sv != nil {
+		return sv.result(argv0, err, tail.String())
 	}
 	if err == nil || errors.Is(err, exec.ErrWaitDelay) {
 		// ErrWaitDelay: exit 0, but an escaped grandchild held the output
@@ -177,20 +259,140 @@ func (e *ExecStage) RunStage(ctx context.Context, run *Run) error {
 	}
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
-		msg := tail.String()
 		if code := ee.ExitCode(); code >= 0 {
-			if msg == "" {
-				return fmt.Errorf("exec %s: exit %d", argv0, code)
-			}
-			return fmt.Errorf("exec %s: exit %d: %s", argv0, code, msg)
+			return execFailed(argv0, "exit "+strconv.Itoa(code), tail.String())
 		}
 		// Killed by a signal we did not send (ExitCode is -1).
-		if msg == "" {
-			return fmt.Errorf("exec %s: %v", argv0, ee)
-		}
-		return fmt.Errorf("exec %s: %v: %s", argv0, ee, msg)
+		return execFailed(argv0, ee.String(), tail.String())
 	}
 	return fmt.Errorf("exec %s: %w", argv0, err)
+}
+
+// execFailed is the error of a command that ran and failed: what happened
+// ("exit 3", "signal: killed") and the tail of its stderr.
+func execFailed(argv0, what, stderrTail string) error {
+	if stderrTail == "" {
+		return fmt.Errorf("exec %s: %s", argv0, what)
+	}
+	return fmt.Errorf("exec %s: %s: %s", argv0, what, stderrTail)
+}
+
+// startError wraps a failure to start the command, permanent if retrying
+// cannot help.
+func startError(argv0 string, err error) error {
+	err = fmt.Errorf("exec %s: start: %w", argv0, err)
+	if permanentStartError(err) {
+		return Permanent(err)
+	}
+	return err
+}
+
+// supervisorGrace is the SIGTERM→SIGKILL delay handed to the supervisor:
+// short enough of the runner's grace g that it normally finishes its own
+// cleanup before the runner's backstop fires — 80% of g, but at least
+// min(g/2, 100ms) before the end.
+func supervisorGrace(g time.Duration) time.Duration {
+	return g - max(g/5, min(g/2, 100*time.Millisecond))
+}
+
+// supervised is the runner's side of one supervisor: the read end of its
+// status pipe, and what it reported there.
+type supervised struct {
+	path    string        // the command's executable, as resolved here
+	status  *os.File      // read end of the status pipe
+	write   *os.File      // its write end, until the supervisor started
+	done    chan struct{} // closed once the status was read to EOF
+	st      supervisor.Status
+	readErr error
+}
+
+// supervisedCmd builds the supervisor command for e. The stage command is
+// looked up here, in the runner's PATH, exactly as an unsupervised stage
+// would be, so a missing binary fails the same way before anything starts.
+func (e *ExecStage) supervisedCmd(grace time.Duration) (*exec.Cmd, *supervised, error) {
+	target := exec.Command(e.Command[0], e.Command[1:]...)
+	if target.Err != nil {
+		return nil, nil, target.Err
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, nil, err
+	}
+	opts := supervisor.Options{
+		Grace:     supervisorGrace(grace),
+		ParentPID: os.Getpid(),
+		StatusFD:  3, // ExtraFiles[0]
+		Path:      target.Path,
+		Dir:       e.Dir, // chdir failures then read as unsupervised
+		Argv:      e.Command,
+	}
+	args := append(slices.Clone(e.Supervisor[1:]), opts.Args()...)
+	cmd := exec.Command(e.Supervisor[0], args...)
+	cmd.ExtraFiles = []*os.File{w}
+	return cmd, &supervised{path: target.Path, status: r, write: w, done: make(chan struct{})}, nil
+}
+
+// started closes this process's copy of the status pipe's write end, so
+// that the supervisor's exit ends the status, and starts reading it.
+func (s *supervised) started(ok bool) {
+	s.write.Close()
+	if !ok {
+		s.status.Close()
+		close(s.done)
+		return
+	}
+	go func() {
+		s.st, s.readErr = supervisor.ReadStatus(s.status)
+		close(s.done)
+	}()
+}
+
+// wait waits for the end of the status, which comes when the supervisor
+// exited (it keeps the pipe from the command). Whatever else holds it open
+// — a Supervisor that is not a supervisor, and its children — gets
+// execIODelay.
+func (s *supervised) wait() {
+	t := time.NewTimer(execIODelay)
+	defer t.Stop()
+	select {
+	case <-s.done:
+	case <-t.C:
+		s.status.Close() // unblocks the read
+		<-s.done
+	}
+	s.status.Close()
+}
+
+// result maps what the supervisor reported to RunStage's error. waitErr is
+// cmd.Wait's result for the supervisor itself.
+func (s *supervised) result(argv0 string, waitErr error, stderrTail string) error {
+	s.wait()
+	st := s.st
+	switch {
+	case st.StartErr != 0:
+		return startError(argv0, &fs.PathError{Op: "fork/exec", Path: s.path, Err: st.StartErr})
+	case st.Ended && st.Signal != 0:
+		return execFailed(argv0, "signal: "+st.Signal.String(), stderrTail)
+	case st.Ended && st.Code != 0:
+		return execFailed(argv0, "exit "+strconv.Itoa(st.Code), stderrTail)
+	case st.Ended:
+		return nil
+	}
+	// The supervisor ended without reporting the command's end: killed,
+	// or the Supervisor prefix does not start one.
+	what := "exited without reporting"
+	switch {
+	case s.readErr != nil:
+		what = s.readErr.Error()
+	case waitErr != nil:
+		what = waitErr.Error()
+	}
+	if st.Started {
+		what = fmt.Sprintf("supervisor %s (command pid %d)", what, st.PID)
+	} else {
+		what = fmt.Sprintf("supervisor %s before starting the command", what)
+	}
+	return execFailed(argv0, what, stderrTail)
 }
 
 // permanentStartError reports whether a start failure will repeat on retry

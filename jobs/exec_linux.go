@@ -6,14 +6,31 @@ import (
 	"os"
 	"syscall"
 	"unsafe"
+
+	"github.com/tasklease/tasklease/internal/supervisor"
 )
 
-// execSysProcAttr puts the command in its own process group, so it can be
-// signalled as a whole, and has the kernel SIGKILL it if the runner dies: an
-// orphan must never race the next lease holder.
-func execSysProcAttr() *syscall.SysProcAttr {
-	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+// supervisorSupported: ExecStage.Supervisor is used here.
+const supervisorSupported = true
+
+// execSysProcAttr puts the command (or its supervisor) in its own process
+// group, so it can be signalled as a whole, and has the kernel signal it if
+// the runner dies: an orphan must never race the next lease holder. An
+// unsupervised command gets SIGKILL; a supervisor gets its DeathSignal, on
+// which it SIGKILLs every descendant before it exits.
+//
+// The signal fires when the thread that forked the process exits, which is
+// why startExec forks from a locked thread.
+func execSysProcAttr(supervised bool) *syscall.SysProcAttr {
+	sig := syscall.SIGKILL
+	if supervised {
+		sig = supervisor.DeathSignal
+	}
+	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: sig}
 }
+
+// terminateProcess sends SIGTERM to p alone (a supervisor forwards it).
+func terminateProcess(p *os.Process) { _ = syscall.Kill(p.Pid, syscall.SIGTERM) }
 
 // terminateGroup sends SIGTERM to the process group led by p.
 func terminateGroup(p *os.Process) { _ = syscall.Kill(-p.Pid, syscall.SIGTERM) }

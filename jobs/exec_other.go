@@ -9,11 +9,17 @@ import (
 	"syscall"
 )
 
+// supervisorSupported: the exec supervisor needs Linux (a child subreaper
+// and /proc), so ExecStage.Supervisor is ignored here. Stages run in their
+// own process group only; descendants that leave it are not tracked.
+const supervisorSupported = false
+
 // execSysProcAttr puts the command in its own process group where the OS
 // has them. Setpgid is set by name because syscall.SysProcAttr has no such
 // field on Windows and this file must build there too. There is no
 // Pdeathsig outside Linux: a runner that dies leaves the command running.
-func execSysProcAttr() *syscall.SysProcAttr {
+// There is never a supervisor here.
+func execSysProcAttr(bool) *syscall.SysProcAttr {
 	attr := &syscall.SysProcAttr{}
 	if f := reflect.ValueOf(attr).Elem().FieldByName("Setpgid"); f.IsValid() && f.Kind() == reflect.Bool {
 		f.SetBool(true)
@@ -24,6 +30,9 @@ func execSysProcAttr() *syscall.SysProcAttr {
 // terminateGroup sends SIGTERM to the process group led by p. Windows has
 // no SIGTERM; the grace then just runs out before killGroup.
 func terminateGroup(p *os.Process) { signalGroup(p, syscall.SIGTERM) }
+
+// terminateProcess is for a supervisor, which never runs here.
+func terminateProcess(p *os.Process) { signalGroup(p, syscall.SIGTERM) }
 
 // killGroup sends SIGKILL to the process group led by p.
 func killGroup(p *os.Process) { signalGroup(p, syscall.SIGKILL) }

@@ -15,6 +15,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/tasklease/tasklease/jobs"
 )
 
 // Exit codes (DESIGN §6).
@@ -54,6 +56,11 @@ exit codes: 0 ok, 1 run failed, 2 bad usage or config, 3 Redis or server unreach
 `
 
 func main() {
+	// The exec stage supervisor (hidden, not in the usage): this binary
+	// re-executed by its own exec stages. First, before any signal handling.
+	if len(os.Args) > 1 && os.Args[1] == jobs.SuperviseCommand {
+		os.Exit(jobs.SuperviseMain(os.Args[2:]))
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()

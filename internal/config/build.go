@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/http"
+	"os"
 	"runtime"
 	"slices"
 
@@ -149,10 +150,11 @@ func buildHandler(s Stage) (stageHandler, error) {
 			env = append(env, k+"="+s.Env[k])
 		}
 		return &jobs.ExecStage{
-			Command:   slices.Clone(s.Exec),
-			Dir:       s.Dir,
-			Env:       env,
-			KillGrace: s.KillGrace.D(),
+			Command:    slices.Clone(s.Exec),
+			Dir:        s.Dir,
+			Env:        env,
+			KillGrace:  s.KillGrace.D(),
+			Supervisor: execSupervisor(),
 		}, nil
 	case s.HTTP != nil && s.Exec == nil:
 		h := &jobs.HTTPStage{URL: s.HTTP.URL, Header: maps.Clone(s.HTTP.Headers)}
@@ -162,6 +164,23 @@ func buildHandler(s Stage) (stageHandler, error) {
 		return h, nil
 	}
 	return nil, fmt.Errorf("set exactly one of exec or http")
+}
+
+// execSupervisor is the supervisor prefix for exec stages: on Linux this
+// binary, whose main hosts jobs.SuperviseMain (cmd/runner's does, and so
+// does its tests' TestMain). Empty if the executable cannot be found: the
+// stages then run unsupervised. A binary that runs these stages without
+// hosting the supervisor would run its own main with the supervisor's
+// arguments — a test binary would run all its tests again.
+func execSupervisor() []string {
+	if runtime.GOOS != "linux" {
+		return nil
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return nil
+	}
+	return []string{exe, jobs.SuperviseCommand}
 }
 
 // RegistryConfig returns the registry settings of the config. Jobs, Logger
