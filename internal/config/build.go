@@ -168,19 +168,19 @@ func buildHandler(s Stage) (stageHandler, error) {
 
 // execSupervisor is the supervisor prefix for exec stages: on Linux this
 // binary, whose main hosts jobs.SuperviseMain (cmd/runner's does, and so
-// does its tests' TestMain). Empty if the executable cannot be found: the
-// stages then run unsupervised. A binary that runs these stages without
-// hosting the supervisor would run its own main with the supervisor's
-// arguments — a test binary would run all its tests again.
+// does its tests' TestMain). /proc/self/exe, not the executable's path: a
+// binary replaced on disk during a deploy must not supply the supervisor of
+// a runner still running the old one. A binary that runs these stages
+// without hosting the supervisor would run its own main with the
+// supervisor's arguments — a test binary would run all its tests again.
 func execSupervisor() []string {
 	if runtime.GOOS != "linux" {
 		return nil
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		return nil
+	if _, err := os.Stat("/proc/self/exe"); err != nil {
+		return nil // no /proc: the stages run unsupervised
 	}
-	return []string{exe, jobs.SuperviseCommand}
+	return []string{"/proc/self/exe", jobs.SuperviseCommand}
 }
 
 // RegistryConfig returns the registry settings of the config. Jobs, Logger
