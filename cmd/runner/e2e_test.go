@@ -339,7 +339,7 @@ schedules:
 	// Let the schedule fire for a few seconds across the three runners.
 	rdb := rs.Client(t)
 	firedKeys := func() []string {
-		keys, err := rdb.Keys(context.Background(), "tasklease:cron:fired:"+schedule+":*").Result()
+		keys, err := rdb.Keys(context.Background(), "{tasklease:cron:"+schedule+"}:fired:*").Result()
 		if err != nil {
 			t.Fatalf("fired keys: %v", err)
 		}
