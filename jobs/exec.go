@@ -72,7 +72,7 @@ const (
 // it in your main before anything else and set Supervisor:
 //
 //	if len(os.Args) > 1 && os.Args[1] == jobs.SuperviseCommand { os.Exit(jobs.SuperviseMain(os.Args[2:])) }
-//	stage.Supervisor = []string{executablePath, jobs.SuperviseCommand} // executablePath from os.Executable()
+//	stage.Supervisor = []string{"/proc/self/exe", jobs.SuperviseCommand} // this binary, even if replaced on disk
 //
 // `runner serve` does this for every exec stage of its configuration.
 type ExecStage struct {
