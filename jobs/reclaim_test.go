@@ -21,18 +21,19 @@ import (
 // Reclaim starvation (issue 4/8, defect 1): XAUTOCLAIM from 0-0 with a
 // COUNT of a few free slots examines at most ten times that many pending
 // entries, so a dead runner's entries behind hundreds of live, heartbeating
-// ones were never reached. Here 450 live runs share the only partition with
-// 150 runs of a child runner that is SIGKILLed; a fresh runner must take
-// all 150 over while the 450 stay with their live holder.
+// ones were never reached. Here 300 live runs (more than the 160 entries
+// the old scan could reach) share the only partition with 100 runs of a
+// child runner that is SIGKILLed; a fresh runner must take all 100 over
+// while the 300 stay with their live holder.
 
 const (
 	rcEnvChild = "TASKLEASE_RECLAIM_CHILD" // "1" in the child
 	rcEnvAddr  = "TASKLEASE_RECLAIM_ADDR"
 	rcPrefix   = "reclaim"
 	rcScope    = "course_sync"
-	rcLive     = 450
-	rcDead     = 150
-	rcLeaseTTL = time.Second
+	rcLive     = 300
+	rcDead     = 100
+	rcLeaseTTL = 2 * time.Second // heartbeats of 300 runs must keep up under -race on 2 cores
 )
 
 // rcJobs: subjects "live…" block until their context ends; the others
@@ -86,14 +87,14 @@ func TestReclaimReachesDeadRunnerBehindLiveRuns(t *testing.T) {
 		return n
 	}
 
-	// 450 live runs first: their entries come first in the pending list.
+	// The live runs first: their entries come first in the pending list.
 	live, _ := e.startRunner(RunnerConfig{ID: "rc-live", Concurrency: rcLive, LeaseTTL: rcLeaseTTL})
 	for i := range rcLive {
 		recSubmit(t, e, fmt.Sprintf("live%03d", i), rcScope, OutcomeStarted)
 	}
-	waitFor(t, 60*time.Second, "450 live runs", func() bool { return countRunning("live", live.Owner()) == rcLive })
+	waitFor(t, 90*time.Second, "the live runs", func() bool { return countRunning("live", live.Owner()) == rcLive })
 
-	// Then the child takes 150 more and is killed while holding them.
+	// Then the child takes its runs and is killed while holding them.
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperReclaimChild$", "-test.count=1")
 	cmd.Env = append(os.Environ(), rcEnvChild+"=1", rcEnvAddr+"="+s.Addr())
 	out := &redistest.LogBuffer{}
@@ -114,7 +115,7 @@ func TestReclaimReachesDeadRunnerBehindLiveRuns(t *testing.T) {
 	for i := range rcDead {
 		recSubmit(t, e, fmt.Sprintf("dead%03d", i), rcScope, OutcomeStarted)
 	}
-	waitFor(t, 60*time.Second, "the child to hold 150 runs", func() bool {
+	waitFor(t, 90*time.Second, "the child to hold its runs", func() bool {
 		select {
 		case <-exited:
 			t.Fatalf("child exited early:\n%s", out.String())
@@ -126,7 +127,7 @@ func TestReclaimReachesDeadRunnerBehindLiveRuns(t *testing.T) {
 	killedAt := time.Now()
 
 	// A fresh runner with free slots must reach the dead runner's entries
-	// behind the 450 live ones.
+	// behind the live ones.
 	e.startRunner(RunnerConfig{ID: "rc-rescuer", Concurrency: 32, LeaseTTL: rcLeaseTTL, ReclaimInterval: 100 * time.Millisecond})
 	waitFor(t, rcLeaseTTL+30*time.Second, "every run of the killed child to be taken over and done", func() bool {
 		vs, err := e.reg.List(ctx, ListOptions{Status: StatusDone, Limit: ListLimitMax})
@@ -135,8 +136,8 @@ func TestReclaimReachesDeadRunnerBehindLiveRuns(t *testing.T) {
 		}
 		return len(vs) == rcDead
 	})
-	t.Logf("150 runs of a SIGKILLed runner behind 450 live ones taken over and done %s after the kill (lease TTL %s)",
-		time.Since(killedAt).Round(time.Millisecond), rcLeaseTTL)
+	t.Logf("%d runs of a SIGKILLed runner behind %d live ones taken over and done %s after the kill (lease TTL %s)",
+		rcDead, rcLive, time.Since(killedAt).Round(time.Millisecond), rcLeaseTTL)
 	if n := countRunning("live", live.Owner()); n != rcLive {
 		t.Errorf("%d live runs still with their holder, want %d (a live lease was taken over)", n, rcLive)
 	}
