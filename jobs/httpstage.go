@@ -24,6 +24,9 @@ const (
 	httpErrBodyMax = 512
 	// HTTPFencingTokenHeader carries the run's fencing token.
 	HTTPFencingTokenHeader = "Tasklease-Fencing-Token"
+	// HTTPKeyHeader carries the run's task key, so a downstream guard can
+	// check the token without parsing the body (DESIGN §4, §10).
+	HTTPKeyHeader = "Tasklease-Key"
 )
 
 // httpDefaultClient is shared so idle connections are reused across runs.
@@ -32,8 +35,9 @@ var httpDefaultClient = &http.Client{Timeout: HTTPTimeoutDefault}
 // HTTPStage POSTs the run to a URL per stage execution.
 //
 // The body is JSON: {"key", "subject", "scope", "stage", "runId",
-// "attempt", "source", "fencingToken", "resumed"}, and the fencing token is
-// also sent in the Tasklease-Fencing-Token header. A 2xx response completes
+// "attempt", "source", "fencingToken", "resumed"}; the key and the fencing
+// token are also sent in the Tasklease-Key and Tasklease-Fencing-Token
+// headers. A 2xx response completes
 // the stage; 409 means the receiver saw a newer token and fails the run with
 // ErrStaleToken (no retry); any other status or a transport error is a
 // retryable failure.
@@ -122,6 +126,7 @@ func (h *HTTPStage) RunStage(ctx context.Context, run *Run) error {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(HTTPFencingTokenHeader, strconv.FormatInt(run.FencingToken(), 10))
+	req.Header.Set(HTTPKeyHeader, run.Key().String())
 
 	client := h.Client
 	if client == nil {

@@ -404,6 +404,7 @@ func TestHTTPStageSuccess(t *testing.T) {
 	for k, v := range map[string]string{
 		"Content-Type":            "application/json",
 		"Tasklease-Fencing-Token": "7",
+		"Tasklease-Key":           "u42|course_sync",
 		"Authorization":           "Bearer t0k",
 	} {
 		if got := rec.header.Get(k); got != v {

@@ -241,6 +241,7 @@ func TestChaosE2E(t *testing.T) {
 		byOutcome[r.outcome]++
 		if !r.keyHeader {
 			noKeyHeader++
+			h.viol.add(checkTokens, "%s: no Tasklease-Key header naming the key (DESIGN §4)", r.String())
 		}
 		if !r.headerMatches {
 			h.viol.add(checkTokens, "%s: the Tasklease-Fencing-Token header differs from the body's fencingToken", r.String())
