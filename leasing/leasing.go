@@ -135,9 +135,9 @@ func NewManager(rdb redis.UniversalClient, cfg Config) (*Manager, error) {
 		rdb:      rdb,
 		ks:       ks,
 		fenceTTL: cfg.FenceTTL,
-		acquire: lua.MustScript("lease_acquire"),
-		renew:   lua.MustScript("lease_renew"),
-		release: lua.MustScript("lease_release"),
+		acquire:  lua.MustScript("lease_acquire"),
+		renew:    lua.MustScript("lease_renew"),
+		release:  lua.MustScript("lease_release"),
 	}, nil
 }
 
