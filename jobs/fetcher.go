@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tasklease/tasklease/internal/keyspace"
+	"github.com/tasklease/tasklease/internal/wait"
 )
 
 // without blocking, as many entries as it has slots; when the stream is
@@ -45,7 +46,7 @@ func (r *Runner) fetchLoop(ctx context.Context, p int) {
 		if failures == 1 || failures%50 == 0 {
 			r.log.Warn("stream read failed", slog.String("stream", stream), slog.Any("error", err))
 		}
-		return sleepCtx(ctx, backoff(redisErrorBackoffBase, 5*time.Second, failures))
+		return wait.Sleep(ctx, backoff(redisErrorBackoffBase, 5*time.Second, failures))
 	}
 	for ctx.Err() == nil {
 		if !r.acquire(ctx) {

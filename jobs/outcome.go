@@ -76,17 +76,6 @@ func jitter(d time.Duration) time.Duration {
 	return d/2 + rand.N(d/2)
 }
 
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
-
 func truncateErr(s string, n int) string {
 	if len(s) <= n {
 		return s

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/tasklease/tasklease/internal/wait"
 	"github.com/tasklease/tasklease/jobs"
 )
 
@@ -51,7 +52,7 @@ func (s *Scheduler) runFanOut(ctx context.Context, f *fanOut) Decision {
 			f.retries++
 			f.log.Warn("schedule: fan-out batch failed; retrying", slog.Any("error", err),
 				slog.Duration("retry_in", backoff), slog.Int("partition", f.pos.part), slog.Int("index", f.pos.index))
-			if !sleepCtx(ctx, backoff) {
+			if !wait.Sleep(ctx, backoff) {
 				return s.endFanOut(f, DecisionInterrupted, "shutdown")
 			}
 			backoff = min(2*backoff, FanOutRetryMax)
@@ -237,18 +238,6 @@ func batchContext(stop context.Context) (context.Context, context.CancelFunc) {
 	return ctx, func() {
 		unhook()
 		cancel()
-	}
-}
-
-// sleepCtx waits d, or until ctx ends (false).
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
 

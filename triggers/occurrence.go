@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/tasklease/tasklease/internal/wait"
 	"github.com/tasklease/tasklease/jobs"
 	"github.com/tasklease/tasklease/lua"
 )
@@ -224,7 +225,7 @@ func (s *Scheduler) fire(ctx context.Context, e *entry, t time.Time) Decision {
 			}
 			log.Warn("schedule: claiming the occurrence failed; retrying", slog.Any("error", err),
 				slog.Duration("retry_in", backoff))
-			if !sleepCtx(ctx, backoff) {
+			if !wait.Sleep(ctx, backoff) {
 				return s.report(e, t, DecisionError, nil)
 			}
 			backoff = min(2*backoff, FanOutRetryMax)
