@@ -1,0 +1,289 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// redisServer is the private redis-server of one bench run: a free loopback
+// port, no persistence, killed when the bench ends (or dies: Pdeathsig).
+type redisServer struct {
+	addr string
+	cmd  *exec.Cmd
+	dir  string
+	done chan struct{}
+}
+
+// startRedis launches redis-server on a free loopback port and waits until
+// it answers PING. The port is picked by binding :0 and releasing it, so a
+// launch that loses the port to another process is retried on a new one.
+func startRedis() (*redisServer, error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, fmt.Errorf("redis-server not found on PATH (on Debian: apt-get install redis-server): %w", err)
+	}
+	dir, err := os.MkdirTemp("", "tasklease-bench-redis-")
+	if err != nil {
+		return nil, err
+	}
+	var lastErr error
+	for range 4 {
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		s, err := launchRedis(bin, dir, port)
+		if err == nil {
+			return s, nil
+		}
+		lastErr = err
+	}
+	_ = os.RemoveAll(dir)
+	return nil, lastErr
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func launchRedis(bin, dir string, port int) (*redisServer, error) {
+	cmd := exec.Command(bin,
+		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", dir)
+	logPath := fmt.Sprintf("%s/redis-%d.log", dir, port)
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	defer logFile.Close()
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	// Own process group (a ^C is handled by our cleanup, not raced), and
+	// SIGKILLed by the kernel if this process dies without cleaning up.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start redis-server: %w", err)
+	}
+	s := &redisServer{addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), cmd: cmd, dir: dir, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(s.done) }()
+
+	c := redis.NewClient(&redis.Options{Addr: s.addr, DisableIdentity: true, MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		err := c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return s, nil
+		}
+		select {
+		case <-s.done:
+			log, _ := os.ReadFile(logPath)
+			return nil, fmt.Errorf("redis-server on port %d exited: %s", port, strings.TrimSpace(string(log)))
+		default:
+		}
+		if time.Now().After(deadline) {
+			s.stop()
+			return nil, fmt.Errorf("redis-server on port %d did not answer PING within 10s: %w", port, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// stop terminates the server (SIGTERM, SIGKILL after 5 s) and removes its
+// directory.
+func (s *redisServer) stop() {
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.done:
+	case <-time.After(5 * time.Second):
+		_ = s.cmd.Process.Kill()
+		<-s.done
+	}
+	_ = os.RemoveAll(s.dir)
+}
+
+// newClient returns a go-redis client for addr with a pool large enough for
+// 50 submitters plus a runner's blocking reads, and the given hooks.
+func newClient(addr string, hooks ...redis.Hook) *redis.Client {
+	c := redis.NewClient(&redis.Options{
+		Addr:            addr,
+		PoolSize:        128,
+		MaxIdleConns:    128,
+		PoolTimeout:     30 * time.Second,
+		DisableIdentity: true,
+	})
+	for _, h := range hooks {
+		c.AddHook(h)
+	}
+	return c
+}
+
+// tripCounter is a go-redis hook counting client round trips: one per
+// command sent alone, one per pipeline, whatever it holds. Blocking reads
+// count like any other command.
+type tripCounter struct {
+	trips atomic.Int64
+	cmds  atomic.Int64
+}
+
+func (c *tripCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *tripCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.trips.Add(1)
+		c.cmds.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (c *tripCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.trips.Add(1)
+		c.cmds.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}
+
+// info returns the fields of one INFO section.
+func info(ctx context.Context, rdb redis.UniversalClient, section string) (map[string]string, error) {
+	txt, err := rdb.Info(ctx, section).Result()
+	if err != nil {
+		return nil, fmt.Errorf("INFO %s: %w", section, err)
+	}
+	out := map[string]string{}
+	sc := bufio.NewScanner(strings.NewReader(txt))
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":"); ok {
+			out[k] = v
+		}
+	}
+	return out, sc.Err()
+}
+
+// serverSnapshot is what a measurement reads from Redis before and after:
+// the server's CPU time and the commands it executed.
+type serverSnapshot struct {
+	cpu   time.Duration // used_cpu_user + used_cpu_sys
+	calls int64         // sum of calls over INFO commandstats
+}
+
+// takeSnapshot reads INFO cpu and INFO commandstats. Commands run inside
+// Lua scripts are counted in commandstats under their own names (Redis 7),
+// so calls counts the work a script does, not client requests; client
+// round trips are counted with tripCounter.
+func takeSnapshot(ctx context.Context, rdb redis.UniversalClient) (serverSnapshot, error) {
+	var s serverSnapshot
+	cpu, err := info(ctx, rdb, "cpu")
+	if err != nil {
+		return s, err
+	}
+	for _, k := range []string{"used_cpu_user", "used_cpu_sys"} {
+		f, err := strconv.ParseFloat(cpu[k], 64)
+		if err != nil {
+			return s, fmt.Errorf("INFO cpu %s=%q: %w", k, cpu[k], err)
+		}
+		s.cpu += time.Duration(f * float64(time.Second))
+	}
+	stats, err := info(ctx, rdb, "commandstats")
+	if err != nil {
+		return s, err
+	}
+	for k, v := range stats {
+		// The bench's own INFO and CONFIG RESETSTAT are not the systems' work.
+		if !strings.HasPrefix(k, "cmdstat_") || k == "cmdstat_info" || k == "cmdstat_config" {
+			continue
+		}
+		for _, kv := range strings.Split(v, ",") {
+			if n, ok := strings.CutPrefix(kv, "calls="); ok {
+				c, _ := strconv.ParseInt(n, 10, 64)
+				s.calls += c
+			}
+		}
+	}
+	return s, nil
+}
+
+// resetServer empties the database and zeroes the command statistics
+// between measurements.
+func resetServer(ctx context.Context, rdb redis.UniversalClient) error {
+	if err := rdb.FlushAll(ctx).Err(); err != nil {
+		return fmt.Errorf("FLUSHALL: %w", err)
+	}
+	if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+		return fmt.Errorf("CONFIG RESETSTAT: %w", err)
+	}
+	return nil
+}
+
+// memoryOfAllKeys sums MEMORY USAGE key SAMPLES 0 (exact, every element)
+// over a SCAN of every key in the database (a key SCAN returns twice is
+// counted once), in total and by kind of key (keyKind).
+func memoryOfAllKeys(ctx context.Context, rdb redis.UniversalClient) (bytes int64, byKind map[string]int64, err error) {
+	byKind = map[string]int64{}
+	var cursor uint64
+	seen := map[string]bool{}
+	for {
+		all, next, err := rdb.Scan(ctx, cursor, "*", 1000).Result()
+		if err != nil {
+			return 0, nil, fmt.Errorf("SCAN: %w", err)
+		}
+		var page []string
+		for _, k := range all {
+			if !seen[k] {
+				seen[k] = true
+				page = append(page, k)
+			}
+		}
+		if len(page) > 0 {
+			pipe := rdb.Pipeline()
+			cmds := make([]*redis.IntCmd, len(page))
+			for i, k := range page {
+				cmds[i] = pipe.MemoryUsage(ctx, k, 0)
+			}
+			if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+				return 0, nil, fmt.Errorf("MEMORY USAGE: %w", err)
+			}
+			for i, c := range cmds {
+				bytes += c.Val() // a key that expired meanwhile answers nil: 0
+				byKind[keyKind(page[i])] += c.Val()
+			}
+		}
+		if cursor = next; cursor == 0 {
+			return bytes, byKind, nil
+		}
+	}
+}
+
+// keyKind names what a key is, for the memory breakdown: the segment after
+// a hash tag ("{tasklease:p3}:task:u1|sync" → "task", "asynq:{default}:t:…"
+// → "t"), else the key with its digits dropped.
+func keyKind(key string) string {
+	if _, rest, ok := strings.Cut(key, "}:"); ok {
+		kind, _, _ := strings.Cut(rest, ":")
+		return kind
+	}
+	return strings.Map(func(r rune) rune {
+		if r >= '0' && r <= '9' {
+			return -1
+		}
+		return r
+	}, key)
+}

@@ -1,0 +1,158 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/tasklease/tasklease/jobs"
+)
+
+// hotSources is the source mix of submit requests: mostly bulk and app
+// triggers, some people. A key's requests cycle through it.
+var hotSources = []jobs.Source{
+	jobs.SourceSchedule, jobs.SourceSchedule, jobs.SourceSchedule, jobs.SourceSchedule,
+	jobs.SourceForeground, jobs.SourceForeground, jobs.SourceForeground,
+	jobs.SourceManual, jobs.SourceManual, jobs.SourceManual,
+}
+
+// submitHot: requests for a small set of keys with nothing consuming, so
+// every key has one queued run and the rest of its requests join it
+// (tasklease) or are refused as duplicates (asynq Unique).
+func (b *bench) submitHot(rep int) error {
+	keys, n := b.sz.HotKeys, b.sz.HotRequests
+	subject := func(i int) string { return "u" + strconv.Itoa(i%keys) }
+	source := func(i int) jobs.Source { return hotSources[(i/keys)%len(hotSources)] }
+	tl, err := b.submitTasklease(n, subject, source)
+	if err != nil {
+		return fmt.Errorf("tasklease: %w", err)
+	}
+	b.check(fmt.Sprintf("submit_hot rep %d tasklease: runs started", rep), tl.started, int64(keys))
+	b.check(fmt.Sprintf("submit_hot rep %d tasklease: requests joined", rep), tl.joined, int64(n-keys))
+	b.check(fmt.Sprintf("submit_hot rep %d tasklease: requests queued in Redis", rep), tl.queued, int64(keys))
+
+	as, err := b.submitAsynq(n, subject)
+	if err != nil {
+		return fmt.Errorf("asynq: %w", err)
+	}
+	b.check(fmt.Sprintf("submit_hot rep %d asynq: tasks enqueued", rep), as.enqueued, int64(keys))
+	b.check(fmt.Sprintf("submit_hot rep %d asynq: duplicates refused", rep), as.duplicates, int64(n-keys))
+	b.check(fmt.Sprintf("submit_hot rep %d asynq: tasks pending in Redis", rep), as.pending, int64(keys))
+
+	b.rep.add2("submit_hot_per_s", tl.rate, as.rate)
+	b.progress("submit_hot rep %d: tasklease %.0f req/s, asynq %.0f req/s (%d requests, %d keys)", rep, tl.rate, as.rate, n, keys)
+	return nil
+}
+
+// submitNew: every request is for a new key; both sides deduplicate.
+func (b *bench) submitNew(rep int) error {
+	n := b.sz.NewRequests
+	subject := func(i int) string { return "n" + strconv.Itoa(i) }
+	source := func(i int) jobs.Source { return hotSources[i%len(hotSources)] }
+	tl, err := b.submitTasklease(n, subject, source)
+	if err != nil {
+		return fmt.Errorf("tasklease: %w", err)
+	}
+	b.check(fmt.Sprintf("submit_new rep %d tasklease: runs started", rep), tl.started, int64(n))
+	b.check(fmt.Sprintf("submit_new rep %d tasklease: requests queued in Redis", rep), tl.queued, int64(n))
+
+	as, err := b.submitAsynq(n, subject)
+	if err != nil {
+		return fmt.Errorf("asynq: %w", err)
+	}
+	b.check(fmt.Sprintf("submit_new rep %d asynq: tasks enqueued", rep), as.enqueued, int64(n))
+	b.check(fmt.Sprintf("submit_new rep %d asynq: tasks pending in Redis", rep), as.pending, int64(n))
+
+	b.rep.add2("submit_new_per_s", tl.rate, as.rate)
+	b.progress("submit_new rep %d: tasklease %.0f req/s, asynq %.0f req/s (%d requests)", rep, tl.rate, as.rate, n)
+	return nil
+}
+
+type tlSubmitResult struct {
+	rate                    float64
+	started, joined, queued int64 // queued: requests in the partition streams afterwards
+}
+
+// submitTasklease sends n requests (subject(i), policy join) from 50
+// goroutines to a fresh Registry with no Runner.
+func (b *bench) submitTasklease(n int, subject func(int) string, source func(int) jobs.Source) (tlSubmitResult, error) {
+	var res tlSubmitResult
+	if err := b.reset(); err != nil {
+		return res, err
+	}
+	tl, err := b.newTasklease(stageHandlers(1, nil))
+	if err != nil {
+		return res, err
+	}
+	defer tl.close()
+	var started, joined atomic.Int64
+	start := time.Now()
+	err = parallel(b.ctx, n, clients, func(i int) error {
+		r, err := tl.reg.Submit(b.ctx, subject(i), scope, jobs.SubmitOptions{Source: source(i), Policy: jobs.PolicyJoin})
+		switch {
+		case err != nil:
+			return err
+		case r.Outcome == jobs.OutcomeStarted:
+			started.Add(1)
+		case r.Outcome == jobs.OutcomeJoined:
+			joined.Add(1)
+		default:
+			return fmt.Errorf("submit %s: outcome %s, want started or joined", subject(i), r.Outcome)
+		}
+		return nil
+	})
+	elapsed := time.Since(start)
+	if err != nil {
+		return res, err
+	}
+	res.rate = float64(n) / elapsed.Seconds()
+	res.started, res.joined = started.Load(), joined.Load()
+	res.queued, _, err = tl.obs.QueueDepth(b.ctx)
+	return res, err
+}
+
+type asSubmitResult struct {
+	rate                          float64
+	enqueued, duplicates, pending int64
+}
+
+// submitAsynq enqueues n tasks (payload subject(i), Unique(24h)) from 50
+// goroutines with no Server; ErrDuplicateTask counts as a served request.
+func (b *bench) submitAsynq(n int, subject func(int) string) (asSubmitResult, error) {
+	var res asSubmitResult
+	if err := b.reset(); err != nil {
+		return res, err
+	}
+	as := b.newAsynq()
+	defer as.close()
+	var enqueued, dups atomic.Int64
+	start := time.Now()
+	err := parallel(b.ctx, n, clients, func(i int) error {
+		_, err := as.client.EnqueueContext(b.ctx, asynq.NewTask(taskType, []byte(subject(i))), asynq.Unique(24*time.Hour))
+		switch {
+		case err == nil:
+			enqueued.Add(1)
+		case errors.Is(err, asynq.ErrDuplicateTask):
+			dups.Add(1)
+		default:
+			return err
+		}
+		return nil
+	})
+	elapsed := time.Since(start)
+	if err != nil {
+		return res, err
+	}
+	res.rate = float64(n) / elapsed.Seconds()
+	res.enqueued, res.duplicates = enqueued.Load(), dups.Load()
+	qi, err := as.insp.GetQueueInfo("default")
+	if err != nil {
+		return res, err
+	}
+	res.pending = int64(qi.Pending)
+	return res, nil
+}
