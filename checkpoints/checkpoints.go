@@ -31,7 +31,7 @@ import (
 	"github.com/tasklease/tasklease/taskkey"
 )
 
-// HistoryCapDefault bounds each key's history stream (approximate MAXLEN).
+// HistoryCapDefault bounds each key's history (events kept).
 const HistoryCapDefault = 200
 
 // Sentinel errors; test with errors.Is. Writes by a runner that no longer
@@ -108,7 +108,7 @@ func Decide(cp *Checkpoint) Recovery {
 type Config struct {
 	Prefix     string // default "tasklease"
 	Partitions int    // default 16
-	// HistoryCap bounds each key's history stream (default
+	// HistoryCap bounds each key's history (default
 	// HistoryCapDefault).
 	HistoryCap int
 }

@@ -14,7 +14,6 @@ package jobs
 import (
 	"context"
 	"errors"
-	"fmt"
 	"runtime"
 	"strconv"
 	"strings"
@@ -29,7 +28,6 @@ import (
 	"github.com/tasklease/tasklease/internal/keyspace"
 	"github.com/tasklease/tasklease/leasing"
 	"github.com/tasklease/tasklease/lua"
-	"github.com/tasklease/tasklease/taskkey"
 )
 
 const benchScope = "bench"
@@ -378,9 +376,7 @@ func BenchmarkSubmitScript(b *testing.B) {
 
 // claimed is one granted claim, ready to advance and finish.
 type claimed struct {
-	p     int
-	msg   redis.XMessage
-	runID string
+	e     entry
 	lease leasing.Lease
 	c     claimResult
 }
@@ -408,7 +404,11 @@ func pendingEntries(b *testing.B, reg *Registry, rn *Runner, n int) []claimed {
 				b.Fatal(err)
 			}
 			for _, m := range res[0].Messages {
-				out = append(out, claimed{p: p, msg: m, runID: m.Values["runId"].(string)})
+				e, ok := entryFrom(p, keyspace.LaneBulk, m.ID, m.Values)
+				if !ok {
+					b.Fatalf("entry %v", m)
+				}
+				out = append(out, claimed{e: e})
 			}
 		}
 	}
@@ -418,37 +418,28 @@ func pendingEntries(b *testing.B, reg *Registry, rn *Runner, n int) []claimed {
 	return out
 }
 
-func mustParseKey(tb testing.TB, m redis.XMessage) taskkey.Key {
-	k, err := taskkey.Parse(fmt.Sprint(m.Values["key"]))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return k
-}
-
 func claimAll(b *testing.B, rn *Runner, cs []claimed) {
 	b.Helper()
 	ctx := context.Background()
 	ttl := rn.cfg.LeaseTTL
 	for i := range cs {
 		c := &cs[i]
-		k := mustParseKey(b, c.msg)
-		res, err := rn.claim(ctx, k, c.p, c.msg, rn.reg.jobs[k.Scope()], c.runID, string(SourceSchedule), ttl)
+		res, err := rn.claim(ctx, c.e.p, []entry{c.e})
 		if err != nil {
 			b.Fatal(err)
 		}
-		if res.kind != "granted" {
-			b.Fatalf("claim %s: %s", k, res.kind)
+		if res[0].kind != "granted" {
+			b.Fatalf("claim %s: %s", c.e.key, res[0].kind)
 		}
-		c.c = res
-		c.lease = leasing.Lease{Key: k, Owner: rn.owner, Token: res.token, TTL: ttl, GrantedAt: time.Now()}
+		c.c = res[0]
+		c.lease = leasing.Lease{Key: c.e.key, Owner: rn.owner, Token: res[0].token, TTL: ttl, GrantedAt: time.Now()}
 	}
 }
 
 func advanceAll(b *testing.B, reg *Registry, cs []claimed) {
 	b.Helper()
 	for i := range cs {
-		if _, err := reg.store.Advance(context.Background(), cs[i].lease, cs[i].runID, "fetch"); err != nil {
+		if _, err := reg.store.Advance(context.Background(), cs[i].lease, cs[i].e.runID, "fetch"); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -473,10 +464,9 @@ func BenchmarkClaimScript(b *testing.B) {
 	b.ResetTimer()
 	for i := range cs {
 		c := &cs[i]
-		k := mustParseKey(b, c.msg)
-		res, err := rn.claim(ctx, k, c.p, c.msg, rn.reg.jobs[k.Scope()], c.runID, string(SourceSchedule), rn.cfg.LeaseTTL)
-		if err != nil || res.kind != "granted" {
-			b.Fatalf("claim %s: %v %v", k, res.kind, err)
+		res, err := rn.claim(ctx, c.e.p, []entry{c.e})
+		if err != nil || res[0].kind != "granted" {
+			b.Fatalf("claim %s: %v %v", c.e.key, res, err)
 		}
 	}
 	b.StopTimer()
@@ -516,7 +506,7 @@ func BenchmarkFinishScript(b *testing.B) {
 	claimAll(b, rn, cs)
 	advanceAll(b, reg, cs)
 	finish := func(c *claimed) {
-		rn.finish(job, c.p, c.lease, c.runID, resultDone, "store", nil, c.c.attempt, rn.log)
+		rn.finish(job, c.e.p, c.lease, c.e.runID, resultDone, "store", nil, c.c.attempt, rn.log)
 	}
 	finish(&cs[0])
 	cs = cs[1:]

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -51,7 +52,7 @@ func TestJanitorPrunesSubjectsIndexAndConsumers(t *testing.T) {
 	stop()
 	// An active run older than the retention keeps its record and index
 	// entry (its subject, not requested since, leaves "all").
-	stream := e.reg.ks.Requests(0)
+	stream := e.reg.ks.PeopleRequests(0) // a manual request: the people lane
 	clSubmit(t, e.reg, "pending", "course_sync", SourceManual, "")
 	if err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: keyspace.Group, Consumer: "holder/000000",
 		Streams: []string{stream, ">"}, Count: 10}).Err(); err != nil {
@@ -97,8 +98,8 @@ func TestJanitorDeletesConsumersOfGoneRunners(t *testing.T) {
 	rdb := s.Client(t)
 	ctx := context.Background()
 	e := newEnv(t, rdb, Config{Prefix: "jc", Partitions: 1, Jobs: []Job{clJob("course_sync", Stage{Name: "pulling", Handler: &counter{}})}})
-	stream := e.reg.ks.Requests(0)
-	for i := range 3 { // three deploys' runners, gone
+	stream := e.reg.ks.PeopleRequests(0) // manual requests: the people lane
+	for i := range 3 {                   // three deploys' runners, gone
 		_, stop := e.startRunner(RunnerConfig{ID: fmt.Sprintf("gone-%d", i)})
 		clSubmit(t, e.reg, fmt.Sprintf("u%d", i), "course_sync", SourceManual, "")
 		e.waitStatus(fmt.Sprintf("u%d", i), "course_sync", 10*time.Second, StatusDone)
@@ -134,7 +135,7 @@ func TestJanitorDeletesConsumersOfGoneRunners(t *testing.T) {
 func bndLive(e *testEnv, k string) bool {
 	ks := e.reg.ks
 	switch k {
-	case ks.Requests(0), ks.Index(0), ks.Subjects(0, "course_sync"), ks.Retry(0):
+	case ks.Requests(0), ks.PeopleRequests(0), ks.Index(0), ks.Subjects(0, "course_sync"), ks.Retry(0):
 		return true
 	}
 	for _, s := range []string{"fresh", "pending"} {
@@ -146,9 +147,10 @@ func bndLive(e *testEnv, k string) bool {
 	return false
 }
 
-// TestFenceCounterExpiresWithTheRecord: the fence counter of a finished
-// key expires (retention + lease TTL after its last grant), yet the next
-// grant's token is still higher than every earlier one.
+// TestFenceCounterExpiresWithTheRecord: a key's fencing counter is its run
+// record's token, so it expires with the record (the retention after the
+// run ended) and no separate counter key is kept; yet the next grant's token
+// is still higher than every earlier one.
 func TestFenceCounterExpiresWithTheRecord(t *testing.T) {
 	mini := redistest.StartMini(t)
 	rdb := mini.Client(t)
@@ -159,8 +161,14 @@ func TestFenceCounterExpiresWithTheRecord(t *testing.T) {
 	clSubmit(t, e.reg, "u1", "course_sync", SourceManual, "")
 	v1 := e.waitStatus("u1", "course_sync", 10*time.Second, StatusDone)
 	k := taskkey.MustNew("u1", "course_sync")
-	if d, _ := rdb.PTTL(ctx, e.reg.ks.Fence(k)).Result(); d <= 0 || d > time.Hour+LeaseTTLDefault {
-		t.Fatalf("fence PTTL %v, want the retention plus the lease TTL", d)
+	if d, _ := rdb.PTTL(ctx, e.reg.ks.Task(k)).Result(); d <= 0 || d > time.Hour {
+		t.Fatalf("record PTTL %v, want the retention", d)
+	}
+	if tok, _ := rdb.HGet(ctx, e.reg.ks.Task(k), "token").Result(); tok != strconv.FormatInt(v1.FencingToken, 10) {
+		t.Fatalf("record token %q, want the grant's %d", tok, v1.FencingToken)
+	}
+	if n, _ := rdb.Exists(ctx, e.reg.ks.Fence(k)).Result(); n != 0 {
+		t.Fatalf("a separate fence counter key exists")
 	}
 	mini.Advance(2 * time.Hour)
 	for _, key := range []string{e.reg.ks.Fence(k), e.reg.ks.Task(k), e.reg.ks.History(k)} {

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -190,6 +191,18 @@ func clCount(evs []Event, name string) int {
 	return n
 }
 
+// clRequests sums the requests events named name stand for: coalesced
+// repeats count as many as they were.
+func clRequests(evs []Event, name string) int {
+	n := 0
+	for _, e := range evs {
+		if e.Event == name {
+			n += e.Count
+		}
+	}
+	return n
+}
+
 func clFind(evs []Event, name string) (Event, bool) {
 	for _, e := range evs {
 		if e.Event == name {
@@ -312,7 +325,8 @@ func clSameInstant(t *testing.T, clients []redis.UniversalClient) {
 		if !clSameSet(v.Sources, clSources(SourceManual, SourceSchedule)) {
 			t.Errorf("%s: sources %v, want manual and schedule", subject, v.Sources)
 		}
-		fence, err := e.rdb.Get(context.Background(), e.reg.ks.Fence(taskkey.MustNew(subject, scope))).Result()
+		// The key's fencing counter is the record's token: one grant.
+		fence, err := e.rdb.HGet(context.Background(), e.reg.ks.Task(taskkey.MustNew(subject, scope)), "token").Result()
 		if err != nil || fence != strconv.FormatInt(v.FencingToken, 10) {
 			t.Errorf("%s: fence counter %q (%v), want the one grant's token %d", subject, fence, err, v.FencingToken)
 		}
@@ -572,6 +586,18 @@ func clCrashResume(t *testing.T, clientA, clientB redis.UniversalClient, ttl tim
 	if after := clRaw(t, envB.reg, subject, scope); !mapsEqual(before, after) {
 		t.Errorf("A's late write changed the record:\nbefore %v\nafter  %v", before, after)
 	}
+}
+
+// withoutCoalesced returns a record's fields without those that count
+// coalesced requests ('co' and 'c:<source>:<outcome>').
+func withoutCoalesced(f map[string]string) map[string]string {
+	out := make(map[string]string, len(f))
+	for k, v := range f {
+		if k != "co" && !strings.HasPrefix(k, "c:") {
+			out[k] = v
+		}
+	}
+	return out
 }
 
 func mapsEqual(a, b map[string]string) bool {

@@ -12,6 +12,27 @@ import (
 	"github.com/tasklease/tasklease/taskkey"
 )
 
+// entry is a request read from one lane of a partition's streams.
+type entry struct {
+	p      int
+	lane   keyspace.Lane
+	id     string
+	key    taskkey.Key
+	runID  string
+	source string
+}
+
+// entryFrom decodes a stream message; ok is false for one not written by
+// tasklease.
+func entryFrom(p int, lane keyspace.Lane, id string, values map[string]any) (entry, bool) {
+	str := func(f string) string { s, _ := values[f].(string); return s }
+	k, err := taskkey.Parse(str("key"))
+	if err != nil {
+		return entry{p: p, lane: lane, id: id}, false
+	}
+	return entry{p: p, lane: lane, id: id, key: k, runID: str("runId"), source: str("source")}, true
+}
+
 // claimKind is claim.lua's decision on a stream entry.
 type claimKind string
 
@@ -30,7 +51,7 @@ const (
 	claimGranted claimKind = "granted"
 )
 
-// claimResult is the decoded reply of claim.lua.
+// claimResult is the decoded reply of claim.lua for one entry.
 type claimResult struct {
 	kind       claimKind
 	missing    string // claimForeign: the stage not defined here ("" = the whole job)
@@ -41,50 +62,89 @@ type claimResult struct {
 	stages     []string
 	sources    []Source
 	prevStatus Status
+	sent       time.Time // when the claim was sent: the lease counts from here
+	ttl        time.Duration
 }
 
-// claim runs claim.lua for entry m. job is nil when this runner does not
-// define the entry's scope.
-func (r *Runner) claim(ctx context.Context, k taskkey.Key, p int, m redis.XMessage, job *Job, runID, source string, ttl time.Duration) (claimResult, error) {
+// leaseTTL is the lease TTL of runs of scope on this runner.
+func (r *Runner) leaseTTL(scope string) time.Duration {
+	if job := r.reg.jobs[scope]; job != nil {
+		return cmp0(job.LeaseTTL, r.cfg.LeaseTTL)
+	}
+	return r.cfg.LeaseTTL
+}
+
+// claimCall builds one claim.lua call for entries of partition p (all of
+// them from one partition: one hash tag).
+func (r *Runner) claimCall(p int, es []entry) *scriptCall {
 	ks := r.reg.ks
-	stages, maxAttempts := "", 0
-	if job != nil {
-		stages, maxAttempts = r.reg.stagesCSV[job.Scope], job.Retry.MaxAttempts
-	}
-	res, err := r.reg.scripts.claim.Run(ctx, r.reg.rdb,
-		[]string{ks.Task(k), ks.Lease(k), ks.Fence(k), ks.Requests(p), ks.History(k), ks.Index(p), ks.Watch(p)},
-		m.ID, runID, source, r.owner, ttl.Milliseconds(), keyspace.Group, r.reg.histCap,
-		ks.Events(p), r.reg.retention.Milliseconds(), r.reclaimIdle.Milliseconds(), newRunID(),
-		stages, maxAttempts, (r.reg.retention + ttl).Milliseconds()).Slice()
-	if err != nil {
-		return claimResult{}, err
-	}
-	c := claimResult{kind: claimKind(replyString(res[0]))}
-	switch c.kind {
-	case claimGranted:
-	case claimForeign:
-		if len(res) > 1 {
-			c.missing = replyString(res[1])
+	c := &scriptCall{script: r.reg.scripts.claim,
+		keys: make([]string, 0, 4+3*len(es)), args: make([]any, 0, 6+8*len(es))}
+	c.keys = append(c.keys, ks.Index(p), ks.Watch(p), ks.Requests(p), ks.PeopleRequests(p))
+	c.args = append(c.args, r.owner, keyspace.Group, r.reg.histCap, ks.Events(p),
+		r.reg.retention.Milliseconds(), r.reclaimIdle.Milliseconds())
+	for _, e := range es {
+		stages, maxAttempts := "", 0
+		if job := r.reg.jobs[e.key.Scope()]; job != nil {
+			stages, maxAttempts = r.reg.stagesCSV[job.Scope], job.Retry.MaxAttempts
 		}
-		return c, nil
-	default:
-		return c, nil
+		c.keys = append(c.keys, ks.Task(e.key), ks.Lease(e.key), ks.History(e.key))
+		c.args = append(c.args, e.lane.Letter(), e.id, e.runID, e.source, r.leaseTTL(e.key.Scope()).Milliseconds(),
+			newRunID(), stages, maxAttempts)
 	}
-	if len(res) < 9 {
-		return claimResult{}, fmt.Errorf("claim: unexpected reply %v", res)
+	return c
+}
+
+// claim runs claim.lua for entries of partition p in one round trip.
+func (r *Runner) claim(ctx context.Context, p int, es []entry) ([]claimResult, error) {
+	c := r.claimCall(p, es)
+	sent := time.Now()
+	if err := evalPipelined(ctx, r.reg.rdb, []*scriptCall{c}, nil); err != nil {
+		return nil, err
 	}
-	c.token, _ = res[1].(int64)
-	c.done = int(toInt(res[2]))
-	if s := replyString(res[3]); s != "" {
-		c.cursor = []byte(s)
+	return r.decodeClaims(c.cmd, es, sent)
+}
+
+// decodeClaims decodes claim.lua's reply for es.
+func (r *Runner) decodeClaims(cmd *redis.Cmd, es []entry, sent time.Time) ([]claimResult, error) {
+	res, err := cmd.Slice()
+	if err != nil {
+		return nil, err
 	}
-	c.attempt = int(toInt(res[4]))
-	c.stages = splitList(replyString(res[5]))
-	for _, s := range splitList(replyString(res[6])) {
-		c.sources = append(c.sources, Source(s))
+	if len(res) != len(es) {
+		return nil, fmt.Errorf("claim: %d replies for %d entries", len(res), len(es))
 	}
-	c.prevStatus = Status(replyString(res[8]))
-	return c, nil
+	out := make([]claimResult, len(es))
+	for i, v := range res {
+		one, _ := v.([]any)
+		if len(one) == 0 {
+			return nil, fmt.Errorf("claim: unexpected reply %v", v)
+		}
+		c := claimResult{kind: claimKind(replyString(one[0])), sent: sent, ttl: r.leaseTTL(es[i].key.Scope())}
+		switch c.kind {
+		case claimGranted:
+			if len(one) < 9 {
+				return nil, fmt.Errorf("claim: unexpected reply %v", one)
+			}
+			c.token = toInt(one[1])
+			c.done = int(toInt(one[2]))
+			if s := replyString(one[3]); s != "" {
+				c.cursor = []byte(s)
+			}
+			c.attempt = int(toInt(one[4]))
+			c.stages = splitList(replyString(one[5]))
+			for _, s := range splitList(replyString(one[6])) {
+				c.sources = append(c.sources, Source(s))
+			}
+			c.prevStatus = Status(replyString(one[8]))
+		case claimForeign:
+			if len(one) > 1 {
+				c.missing = replyString(one[1])
+			}
+		}
+		out[i] = c
+	}
+	return out, nil
 }
 
 func toInt(v any) int64 {

@@ -7,12 +7,9 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/tasklease/tasklease/checkpoints"
 	"github.com/tasklease/tasklease/internal/keyspace"
 	"github.com/tasklease/tasklease/leasing"
-	"github.com/tasklease/tasklease/taskkey"
 )
 
 // finish results (ARGV[4] of finish.lua).
@@ -24,54 +21,74 @@ const (
 	resultHandback  = "handback"  // shutdown: release, keep the checkpoint, re-queue
 )
 
-// process handles one stream entry end to end.
-func (r *Runner) process(p int, m redis.XMessage) {
-	ctx := r.workCtx
-	str := func(f string) string { s, _ := m.Values[f].(string); return s }
-	k, err := taskkey.Parse(str("key"))
-	if err != nil {
-		// Not written by tasklease: drop it so it is not reclaimed forever.
-		r.reg.rdb.XAck(ctx, r.reg.ks.Requests(p), keyspace.Group, m.ID)
-		r.reg.rdb.XDel(ctx, r.reg.ks.Requests(p), m.ID)
-		return
-	}
-	runID, source := str("runId"), str("source")
-	// A job this runner does not define (job == nil) still goes through
-	// claim, which leaves the entry to a runner that defines it and says so
-	// in the task view (rolling deploys).
-	job := r.reg.jobs[k.Scope()]
-	runCtx, cancelRun := context.WithCancelCause(r.workCtx)
-	defer cancelRun(nil)
-	defer r.track(cancelID(k.String(), runID), cancelRun)()
-	ttl := r.cfg.LeaseTTL
-	if job != nil {
-		ttl = cmp0(job.LeaseTTL, ttl)
-	}
-	sent := time.Now()
-	c, err := r.claim(ctx, k, p, m, job, runID, source, ttl)
-	if err != nil {
-		if ctx.Err() == nil {
-			r.log.Warn("claim failed; the entry will be reclaimed", slog.String("task_key", k.String()), slog.Any("error", err))
-		}
-		return
-	}
-	switch c.kind {
-	case claimGranted:
-	case claimForeign:
-		r.log.Debug("run needs a stage or job this runner does not define; left to another runner",
-			slog.String("task_key", k.String()), slog.String("run_id", runID), slog.String("stage", c.missing))
-		return
-	default:
-		return
-	}
-	lease := leasing.Lease{Key: k, Owner: r.owner, Token: c.token, TTL: ttl, GrantedAt: sent}
-	r.execute(runCtx, cancelRun, job, p, m.ID, runID, Source(source), lease, c)
+// localRun is an entry's run on this runner, from before its claim: its
+// context, which a registry cancel cancels, and its registration for
+// cancel messages (made before the claim, so a cancel published while the
+// claim is in flight is not missed).
+type localRun struct {
+	e       entry
+	ctx     context.Context
+	cancel  context.CancelCauseFunc
+	untrack func()
 }
 
-// execute runs a granted attempt under runCtx (cancelled by cancelRun on a
-// registry cancel).
-func (r *Runner) execute(runCtx context.Context, cancelRun context.CancelCauseFunc, job *Job, p int, entryID, runID string, source Source, lease leasing.Lease, c claimResult) {
-	k := lease.Key
+func (r *Runner) newLocalRun(e entry) *localRun {
+	ctx, cancel := context.WithCancelCause(r.workCtx)
+	return &localRun{e: e, ctx: ctx, cancel: cancel, untrack: r.track(cancelID(e.key.String(), e.runID), cancel)}
+}
+
+func (lr *localRun) end() {
+	lr.untrack()
+	lr.cancel(nil)
+}
+
+// start executes a granted run in its own goroutine, which holds the
+// caller's slot. When the run finishes, the finish's round trip also reads
+// the next entry (see finish), which the same goroutine claims and runs
+// with the same slot; it releases the slot when there is none.
+func (r *Runner) start(lr *localRun, c claimResult) {
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		defer r.release(1)
+		for lr != nil {
+			next := r.execute(lr, c)
+			lr.end()
+			lr, c = r.claimNext(next)
+		}
+	}()
+}
+
+// claimNext claims the entry a finish read; nil when there is none or it
+// was not granted.
+func (r *Runner) claimNext(es []entry) (*localRun, claimResult) {
+	for i, e := range es {
+		lr := r.newLocalRun(e)
+		claims, err := r.claim(r.workCtx, e.p, es[i:i+1])
+		if err != nil {
+			if r.workCtx.Err() == nil {
+				r.log.Warn("claim failed; the entry will be reclaimed", slog.String("task_key", e.key.String()), slog.Any("error", err))
+			}
+			lr.end()
+			continue
+		}
+		if claims[0].kind == claimGranted {
+			return lr, claims[0]
+		}
+		r.notGranted(e, claims[0])
+		lr.end()
+	}
+	return nil, claimResult{}
+}
+
+// execute runs a granted attempt under lr.ctx (cancelled on a registry
+// cancel) and finishes it; it returns the entries the finish read for this
+// goroutine's slot.
+func (r *Runner) execute(lr *localRun, c claimResult) []entry {
+	e, runCtx, cancelRun := lr.e, lr.ctx, lr.cancel
+	k, p, runID, source := e.key, e.p, e.runID, Source(e.source)
+	job := r.reg.jobs[k.Scope()]
+	lease := leasing.Lease{Key: k, Owner: r.owner, Token: c.token, TTL: c.ttl, GrantedAt: c.sent}
 	log := r.log.With(slog.String("task_key", k.String()), slog.String("run_id", runID),
 		slog.String("source", string(source)), slog.Int("attempt", c.attempt), slog.Int64("fencing_token", lease.Token))
 	m := r.reg.metrics
@@ -90,8 +107,8 @@ func (r *Runner) execute(runCtx context.Context, cancelRun context.CancelCauseFu
 	keeper, err := leasing.NewKeeper(runCtx, lease.GrantedAt, leasing.KeeperConfig{TTL: lease.TTL,
 		Renew: func(ctx context.Context) error {
 			res, err := r.reg.scripts.heartbeat.Run(ctx, r.reg.rdb,
-				[]string{ks.Lease(k), ks.Task(k), ks.Requests(p)},
-				lease.Owner, lease.Token, runID, lease.TTL.Milliseconds(), keyspace.Group, entryID).Slice()
+				[]string{ks.Lease(k), ks.Task(k), ks.Stream(p, e.lane)},
+				lease.Owner, lease.Token, runID, lease.TTL.Milliseconds(), keyspace.Group, e.id).Slice()
 			if err != nil {
 				return err
 			}
@@ -105,7 +122,7 @@ func (r *Runner) execute(runCtx context.Context, cancelRun context.CancelCauseFu
 		}})
 	if err != nil { // timing validated in NewRunner; unreachable in practice
 		log.Error("keeper", slog.Any("error", err))
-		return
+		return nil
 	}
 	defer keeper.Stop()
 	kctx := keeper.Context()
@@ -162,9 +179,9 @@ func (r *Runner) execute(runCtx context.Context, cancelRun context.CancelCauseFu
 	if result == "" { // lease lost: nothing may be written
 		m.leaseLosses.WithLabelValues(k.Scope()).Inc()
 		log.Warn("lease lost; stopped without writing", slog.String("stage", run.stage), slog.Any("error", keeper.Err()))
-		return
+		return nil
 	}
-	r.finish(job, p, lease, runID, result, completed, stageErr, c.attempt, log)
+	return r.finish(job, p, lease, runID, result, completed, stageErr, c.attempt, log)
 }
 
 func (j *Job) stage(name string) *Stage {

@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/tasklease/tasklease/internal/keyspace"
 	"github.com/tasklease/tasklease/taskkey"
 )
@@ -84,17 +83,12 @@ func (r *Registry) SubmitMany(ctx context.Context, scope string, subjects []stri
 		p := r.ks.Partition(k)
 		byPart[p] = append(byPart[p], i)
 	}
-	type call struct {
-		idx  []int
-		keys []string
-		args []any
-		cmd  *redis.Cmd
-	}
-	var calls []*call
+	var calls []*scriptCall
+	var idxs [][]int
 	for p, idx := range byPart {
 		for chunk := range slices.Chunk(idx, submitManyChunk) {
-			c := &call{idx: chunk, keys: make([]string, 0, 5+2*len(chunk)), args: make([]any, 0, 13+2*len(chunk))}
-			c.keys = append(c.keys, r.ks.Requests(p), r.ks.Index(p), r.ks.Subjects(p, scope), r.ks.Retry(p), r.ks.Watch(p))
+			c := &scriptCall{script: r.scripts.submitMany, keys: make([]string, 0, 6+2*len(chunk)), args: make([]any, 0, 13+2*len(chunk))}
+			c.keys = append(c.keys, r.ks.Requests(p), r.ks.Index(p), r.ks.Subjects(p, scope), r.ks.Retry(p), r.ks.Watch(p), r.ks.PeopleRequests(p))
 			c.args = append(c.args, scope, string(opts.Source), string(opts.Policy), r.stagesCSV[scope],
 				job.Retry.MaxAttempts, job.MinInterval.Milliseconds(), r.histCap, r.ks.Events(p), r.ks.Cancels(p),
 				keyspace.Group, r.retention.Milliseconds(), occField, occ)
@@ -103,42 +97,20 @@ func (r *Registry) SubmitMany(ctx context.Context, scope string, subjects []stri
 				c.args = append(c.args, subjects[i], newRunID())
 			}
 			calls = append(calls, c)
+			idxs = append(idxs, chunk)
 		}
 	}
-	// One pipelined round trip of EVALSHAs; after a SCRIPT FLUSH or a
-	// restart the calls answered NOSCRIPT (and did nothing) are sent again
-	// once the script is loaded.
-	todo := calls
-	for attempt := 0; len(todo) > 0; attempt++ {
-		pipe := r.rdb.Pipeline()
-		for _, c := range todo {
-			c.cmd = r.scripts.submitMany.EvalSha(ctx, pipe, c.keys, c.args...)
-		}
-		_, _ = pipe.Exec(ctx) // errors are read per command below
-		var again []*call
-		for _, c := range todo {
-			if err := c.cmd.Err(); err != nil {
-				if attempt == 0 && redis.HasErrorPrefix(err, "NOSCRIPT") {
-					again = append(again, c)
-					continue
-				}
-				return nil, fmt.Errorf("jobs: submit many %s: %w", scope, err)
-			}
-		}
-		if len(again) > 0 {
-			if err := r.scripts.submitMany.Load(ctx, r.rdb).Err(); err != nil {
-				return nil, fmt.Errorf("jobs: submit many %s: load script: %w", scope, err)
-			}
-		}
-		todo = again
+	// One pipelined round trip for the whole batch.
+	if err := evalPipelined(ctx, r.rdb, calls, nil); err != nil {
+		return nil, fmt.Errorf("jobs: submit many %s: %w", scope, err)
 	}
 	out := make([]Outcome, len(subjects))
-	for _, c := range calls {
+	for ci, c := range calls {
 		res, err := c.cmd.Slice()
 		if err != nil {
 			return nil, fmt.Errorf("jobs: submit many %s: %w", scope, err)
 		}
-		for j, i := range c.idx {
+		for j, i := range idxs[ci] {
 			if j < len(res) {
 				out[i] = Outcome(replyString(res[j]))
 			}

@@ -13,28 +13,72 @@ import (
 	"github.com/tasklease/tasklease/internal/wait"
 )
 
-// without blocking, as many entries as it has slots; when the stream is
-// empty it blocks for one entry without holding a slot, so idle partitions
-// never hold capacity another partition could use.
-func (r *Runner) fetchLoop(ctx context.Context, p int) {
-	stream := r.reg.ks.Requests(p)
-	failures := 0
-	read := func(count int, block time.Duration) ([]redis.XMessage, error) {
-		res, err := r.reg.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{
-			Group: keyspace.Group, Consumer: r.owner, Streams: []string{stream, ">"},
-			Count: int64(count), Block: block,
-		}).Result()
-		if errors.Is(err, redis.Nil) {
-			return nil, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		if len(res) == 0 {
-			return nil, nil
-		}
-		return res[0].Messages, nil
+// bulkFirstEvery: one read in this many takes the bulk lane first, so bulk
+// work keeps at least that share of a runner's reads however many
+// people's requests arrive: it is never starved.
+const bulkFirstEvery = 8
+
+// readOrder returns the lanes in the order the next read takes them.
+func (r *Runner) readOrder() (first, second keyspace.Lane) {
+	if r.reads.Add(1)%bulkFirstEvery == 0 {
+		return keyspace.LaneBulk, keyspace.LanePeople
 	}
+	return keyspace.LanePeople, keyspace.LaneBulk
+}
+
+// readCall builds a read_next.lua call: up to n new entries of partition p,
+// lane by lane.
+func (r *Runner) readCall(p, n int) *scriptCall {
+	first, second := r.readOrder()
+	ks := r.reg.ks
+	return &scriptCall{script: r.reg.scripts.readNext,
+		keys: []string{ks.Stream(p, first), ks.Stream(p, second)},
+		args: []any{keyspace.Group, r.owner, n, first.Letter(), second.Letter()}}
+}
+
+// decodeRead decodes read_next.lua's reply. Entries not written by
+// tasklease are acknowledged and deleted so they are not reclaimed forever.
+func (r *Runner) decodeRead(ctx context.Context, p int, cmd *redis.Cmd) ([]entry, error) {
+	res, err := cmd.Slice()
+	if err != nil {
+		return nil, err
+	}
+	var out []entry
+	for i := 0; i+2 < len(res); i += 3 {
+		lane := keyspace.LaneBulk
+		if replyString(res[i]) == keyspace.LanePeople.Letter() {
+			lane = keyspace.LanePeople
+		}
+		flat, _ := res[i+2].([]any)
+		vals := make(map[string]any, len(flat)/2)
+		for j := 0; j+1 < len(flat); j += 2 {
+			vals[replyString(flat[j])] = replyString(flat[j+1])
+		}
+		e, ok := entryFrom(p, lane, replyString(res[i+1]), vals)
+		if !ok {
+			r.dropEntry(ctx, e)
+			continue
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+// dropEntry acknowledges and deletes an entry tasklease did not write.
+func (r *Runner) dropEntry(ctx context.Context, e entry) {
+	stream := r.reg.ks.Stream(e.p, e.lane)
+	r.reg.rdb.XAck(ctx, stream, keyspace.Group, e.id)
+	r.reg.rdb.XDel(ctx, stream, e.id)
+}
+
+// fetchLoop reads partition p's streams. While slots are free it reads,
+// without blocking, as many entries as it has slots (people's lane first)
+// and claims them in one script; when both lanes are empty it blocks for an
+// entry without holding a slot, so idle partitions never hold capacity
+// another partition could use.
+func (r *Runner) fetchLoop(ctx context.Context, p int) {
+	ks := r.reg.ks
+	failures := 0
 	onErr := func(err error) bool {
 		if ctx.Err() != nil {
 			return false
@@ -44,7 +88,7 @@ func (r *Runner) fetchLoop(ctx context.Context, p int) {
 			_ = r.ensureGroup(ctx, p) // the stream was deleted (e.g. Redis restarted empty)
 		}
 		if failures == 1 || failures%50 == 0 {
-			r.log.Warn("stream read failed", slog.String("stream", stream), slog.Any("error", err))
+			r.log.Warn("stream read failed", slog.Int("partition", p), slog.Any("error", err))
 		}
 		return wait.Sleep(ctx, backoff(redisErrorBackoffBase, 5*time.Second, failures))
 	}
@@ -53,8 +97,12 @@ func (r *Runner) fetchLoop(ctx context.Context, p int) {
 			return
 		}
 		n := 1 + r.tryAcquire(r.cfg.FetchBatch-1)
-		msgs, err := read(n, -1)
-		r.release(n - len(msgs))
+		c := r.readCall(p, n)
+		es, err := []entry(nil), evalPipelined(ctx, r.reg.rdb, []*scriptCall{c}, nil)
+		if err == nil {
+			es, err = r.decodeRead(ctx, p, c.cmd)
+		}
+		r.release(n - len(es))
 		if err != nil {
 			if !onErr(err) {
 				return
@@ -62,39 +110,88 @@ func (r *Runner) fetchLoop(ctx context.Context, p int) {
 			continue
 		}
 		failures = 0
-		for _, m := range msgs {
-			r.dispatch(p, m)
-		}
-		if len(msgs) > 0 {
+		if len(es) > 0 {
+			r.claimAndStart(ctx, p, es)
 			continue
 		}
-		msgs, err = read(1, r.cfg.FetchBlock)
+		res, err := r.reg.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{
+			Group: keyspace.Group, Consumer: r.owner,
+			Streams: []string{ks.PeopleRequests(p), ks.Requests(p), ">", ">"},
+			Count:   1, Block: r.cfg.FetchBlock,
+		}).Result()
+		if errors.Is(err, redis.Nil) {
+			continue
+		}
 		if err != nil {
 			if !onErr(err) {
 				return
 			}
 			continue
 		}
-		for _, m := range msgs {
-			// Wait for a slot; on shutdown the entry stays pending and is
-			// reclaimed by another runner.
+		es = es[:0]
+		for _, s := range res {
+			lane := keyspace.LaneBulk
+			if s.Stream == ks.PeopleRequests(p) {
+				lane = keyspace.LanePeople
+			}
+			for _, m := range s.Messages {
+				if e, ok := entryFrom(p, lane, m.ID, m.Values); ok {
+					es = append(es, e)
+				} else {
+					r.dropEntry(ctx, e)
+				}
+			}
+		}
+		// Wait for a slot per entry (people's lane came first); on shutdown
+		// the entries stay pending and are reclaimed by another runner.
+		for i := range es {
 			if !r.acquire(ctx) {
+				r.release(i)
 				return
 			}
-			r.dispatch(p, m)
+		}
+		if len(es) > 0 {
+			r.claimAndStart(ctx, p, es)
 		}
 	}
 }
 
-// dispatch executes one entry in its own goroutine; the caller holds a slot
-// for it, which the goroutine releases.
-func (r *Runner) dispatch(p int, m redis.XMessage) {
-	r.wg.Add(1)
-	go func() {
-		defer r.wg.Done()
-		defer r.release(1)
-		r.process(p, m)
-	}()
+// claimAndStart claims entries of partition p in one script and starts
+// each granted run in its own goroutine. The caller holds a slot per entry;
+// the slots of entries not granted are released here.
+func (r *Runner) claimAndStart(ctx context.Context, p int, es []entry) {
+	runs := make([]*localRun, len(es))
+	for i, e := range es {
+		runs[i] = r.newLocalRun(e)
+	}
+	claims, err := r.claim(ctx, p, es)
+	if err != nil {
+		if ctx.Err() == nil {
+			r.log.Warn("claim failed; the entries will be reclaimed", slog.Int("partition", p), slog.Any("error", err))
+		}
+		for _, lr := range runs {
+			lr.end()
+		}
+		r.release(len(es))
+		return
+	}
+	for i, c := range claims {
+		if c.kind != claimGranted {
+			r.notGranted(es[i], c)
+			runs[i].end()
+			r.release(1)
+			continue
+		}
+		r.start(runs[i], c)
+	}
+}
+
+// notGranted logs why an entry was not granted.
+func (r *Runner) notGranted(e entry, c claimResult) {
+	if c.kind == claimForeign {
+		r.log.Debug("run needs a stage or job this runner does not define; left to another runner",
+			slog.String("task_key", e.key.String()), slog.String("run_id", e.runID), slog.String("stage", c.missing))
+	}
 }
 
 func (r *Runner) every(ctx context.Context, d time.Duration, f func(context.Context)) {

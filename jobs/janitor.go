@@ -64,8 +64,8 @@ func (r *Registry) janitor(ctx context.Context, p int, consumer string, idleLimi
 	if err != nil {
 		return janitorCounts{}, err
 	}
-	keys := make([]string, 0, 2+len(r.scopes)+len(cands))
-	keys = append(keys, ks.Index(p), ks.Requests(p))
+	keys := make([]string, 0, 3+len(r.scopes)+len(cands))
+	keys = append(keys, ks.Index(p), ks.Requests(p), ks.PeopleRequests(p))
 	for _, scope := range r.scopes {
 		keys = append(keys, ks.Subjects(p, scope))
 	}

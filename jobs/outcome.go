@@ -11,7 +11,11 @@ import (
 	"github.com/tasklease/tasklease/leasing"
 )
 
-func (r *Runner) finish(job *Job, p int, lease leasing.Lease, runID, result, completed string, stageErr error, attempt int, log *slog.Logger) {
+// finish ends an attempt with finish.lua. Unless the runner is stopping,
+// the same round trip reads the next entry for the slot this run frees
+// (read_next.lua), from the partitions in turn so every partition with work
+// gets its share; the caller claims and runs it with the same slot.
+func (r *Runner) finish(job *Job, p int, lease leasing.Lease, runID, result, completed string, stageErr error, attempt int, log *slog.Logger) []entry {
 	k := lease.Key
 	ks := r.reg.ks
 	errText := ""
@@ -26,19 +30,36 @@ func (r *Runner) finish(job *Job, p int, lease leasing.Lease, runID, result, com
 	// shutdown); it is bounded by the lease instead.
 	ctx, cancel := context.WithTimeout(context.Background(), lease.TTL)
 	defer cancel()
-	res, err := r.reg.scripts.finish.Run(ctx, r.reg.rdb,
-		[]string{ks.Task(k), ks.Lease(k), ks.Requests(p), ks.History(k), ks.Index(p), ks.Retry(p), ks.Watch(p)},
-		lease.Owner, lease.Token, runID, result, completed, errText, delay.Milliseconds(), keyspace.Group,
-		r.reg.histCap, ks.Events(p), r.reg.retention.Milliseconds(), newRunID(),
-		r.reg.stagesCSV[job.Scope], job.Retry.MaxAttempts).Slice()
+	fin := &scriptCall{script: r.reg.scripts.finish,
+		keys: []string{ks.Task(k), ks.Lease(k), ks.Requests(p), ks.PeopleRequests(p), ks.History(k), ks.Index(p), ks.Retry(p), ks.Watch(p)},
+		args: []any{lease.Owner, lease.Token, runID, result, completed, errText, delay.Milliseconds(), keyspace.Group,
+			r.reg.histCap, ks.Events(p), r.reg.retention.Milliseconds(), newRunID(),
+			r.reg.stagesCSV[job.Scope], job.Retry.MaxAttempts}}
+	calls := []*scriptCall{fin}
+	var read *scriptCall
+	var readP int
+	if r.taking() {
+		readP = int(r.chainTurn.Add(1) % uint64(ks.Partitions()))
+		read = r.readCall(readP, 1)
+		calls = append(calls, read)
+	}
+	_ = evalPipelined(ctx, r.reg.rdb, calls, nil) // each reply is read below
+	var next []entry
+	if read != nil {
+		var err error
+		if next, err = r.decodeRead(ctx, readP, read.cmd); err != nil && r.taking() {
+			log.Debug("read with finish failed", slog.Any("error", err))
+		}
+	}
+	res, err := fin.cmd.Slice()
 	if err != nil {
 		log.Warn("finish failed; the run will be recovered when its lease expires", slog.Any("error", err))
-		return
+		return next
 	}
 	if len(res) < 2 || res[0] != int64(1) {
 		r.reg.metrics.leaseLosses.WithLabelValues(k.Scope()).Inc()
 		log.Warn("lease lost before finish", slog.String("outcome", result))
-		return
+		return next
 	}
 	status := fmt.Sprint(res[1])
 	switch Status(status) {
@@ -57,6 +78,7 @@ func (r *Runner) finish(job *Job, p int, lease leasing.Lease, runID, result, com
 		lvl = slog.LevelWarn
 	}
 	log.LogAttrs(context.Background(), lvl, "run finished", slog.String("outcome", result), slog.String("status", status), slog.String("error", errText))
+	return next
 }
 
 // backoff returns base·2^(attempt-1), capped at max.

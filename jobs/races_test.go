@@ -30,15 +30,26 @@ type beforeFinish struct {
 }
 
 func (h *beforeFinish) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+// ProcessPipelineHook: finish.lua is sent pipelined with the read of the
+// slot's next entry.
 func (h *beforeFinish) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			h.check(cmd)
+		}
+		return next(ctx, cmds)
+	}
 }
 func (h *beforeFinish) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if args := cmd.Args(); len(args) > 1 && fmt.Sprint(args[0]) == "evalsha" && fmt.Sprint(args[1]) == h.sha {
-			h.once.Do(h.fn)
-		}
+		h.check(cmd)
 		return next(ctx, cmd)
+	}
+}
+func (h *beforeFinish) check(cmd redis.Cmder) {
+	if args := cmd.Args(); len(args) > 1 && fmt.Sprint(args[0]) == "evalsha" && fmt.Sprint(args[1]) == h.sha {
+		h.once.Do(h.fn)
 	}
 }
 

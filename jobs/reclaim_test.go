@@ -163,7 +163,7 @@ func TestReclaimNotStalledByForeignEntries(t *testing.T) {
 		recSubmit(t, both, fmt.Sprintf("c%d", i), rcScope, OutcomeStarted)
 	}
 	// A runner that read every entry and died before claiming any.
-	stream := both.reg.ks.Requests(0)
+	stream := both.reg.ks.PeopleRequests(0) // manual requests: the people lane
 	if err := rdb.XGroupCreateMkStream(ctx, stream, keyspace.Group, "0").Err(); err != nil {
 		t.Fatal(err)
 	}

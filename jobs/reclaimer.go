@@ -21,8 +21,10 @@ import (
 // define) cannot hold the scan at the same place.
 func (r *Runner) reclaimAll(ctx context.Context) {
 	for p := range r.reg.ks.Partitions() {
-		if !r.reclaimPartition(ctx, p) {
-			return // no free slot: the next pass continues where this stopped
+		for _, l := range keyspace.Lanes() {
+			if !r.reclaimLane(ctx, p, l) {
+				return // no free slot: the next pass continues where this stopped
+			}
 		}
 	}
 }
@@ -30,17 +32,18 @@ func (r *Runner) reclaimAll(ctx context.Context) {
 // reclaimMaxRounds bounds one partition's share of a pass.
 const reclaimMaxRounds = 8
 
-// reclaimPartition reclaims idle entries of partition p while it has free
-// slots, at most one full sweep of the pending list; false when it ran out
-// of slots.
-func (r *Runner) reclaimPartition(ctx context.Context, p int) bool {
-	stream := r.reg.ks.Requests(p)
+// reclaimLane reclaims idle entries of lane l of partition p while it has
+// free slots, at most one full sweep of the pending list; false when it ran
+// out of slots.
+func (r *Runner) reclaimLane(ctx context.Context, p int, l keyspace.Lane) bool {
+	stream := r.reg.ks.Stream(p, l)
+	cur := &r.reclaimFrom[p*len(keyspace.Lanes())+int(l)]
 	for range reclaimMaxRounds {
 		n := r.tryAcquire(r.cfg.FetchBatch)
 		if n == 0 {
 			return false
 		}
-		start := r.reclaimFrom[p]
+		start := *cur
 		if start == "" {
 			start = "-"
 		}
@@ -55,9 +58,9 @@ func (r *Runner) reclaimPartition(ctx context.Context, p int) bool {
 			return true
 		}
 		if len(pend) < n {
-			r.reclaimFrom[p] = "" // swept to the end: start over next pass
+			*cur = "" // swept to the end: start over next pass
 		} else {
-			r.reclaimFrom[p] = nextStreamID(pend[len(pend)-1].ID)
+			*cur = nextStreamID(pend[len(pend)-1].ID)
 		}
 		var msgs []redis.XMessage
 		if len(pend) > 0 {
@@ -77,16 +80,22 @@ func (r *Runner) reclaimPartition(ctx context.Context, p int) bool {
 				}
 			}
 		}
-		dispatched := 0
+		var es []entry
 		for _, m := range msgs {
 			if m.Values == nil { // deleted from the stream meanwhile
 				continue
 			}
-			r.dispatch(p, m)
-			dispatched++
+			if e, ok := entryFrom(p, l, m.ID, m.Values); ok {
+				es = append(es, e)
+			} else {
+				r.dropEntry(ctx, e)
+			}
 		}
-		r.release(n - dispatched)
-		if r.reclaimFrom[p] == "" {
+		r.release(n - len(es))
+		if len(es) > 0 {
+			r.claimAndStart(ctx, p, es)
+		}
+		if *cur == "" {
 			return true
 		}
 	}

@@ -74,7 +74,7 @@ type Registry struct {
 }
 
 type scripts struct {
-	submit, submitMany, claim, heartbeat, finish, cancel, retryMove, janitor *redis.Script
+	submit, submitMany, claim, readNext, heartbeat, finish, cancel, retryMove, janitor *redis.Script
 }
 
 // NewRegistry validates cfg and returns a Registry on rdb.
@@ -107,6 +107,7 @@ func NewRegistry(rdb redis.UniversalClient, cfg Config) (*Registry, error) {
 			submitMany: lua.MustScript("submit_many"),
 			janitor:    lua.MustScript("janitor"),
 			claim:      lua.MustScript("claim"),
+			readNext:   lua.MustScript("read_next"),
 			heartbeat:  lua.MustScript("heartbeat"),
 			finish:     lua.MustScript("finish"),
 			cancel:     lua.MustScript("cancel"),
@@ -212,7 +213,7 @@ func (r *Registry) Submit(ctx context.Context, subject, scope string, opts Submi
 	}
 	p := r.ks.Partition(k)
 	res, err := r.scripts.submit.Run(ctx, r.rdb,
-		[]string{r.ks.Task(k), r.ks.Requests(p), r.ks.History(k), r.ks.Index(p), r.ks.Subjects(p, scope), r.ks.Retry(p), r.ks.Watch(p)},
+		[]string{r.ks.Task(k), r.ks.Requests(p), r.ks.History(k), r.ks.Index(p), r.ks.Subjects(p, scope), r.ks.Retry(p), r.ks.Watch(p), r.ks.PeopleRequests(p)},
 		k.String(), subject, string(opts.Source), string(opts.Policy), newRunID(),
 		r.stagesCSV[scope], job.Retry.MaxAttempts, job.MinInterval.Milliseconds(),
 		r.histCap, r.ks.Events(p), r.ks.Cancels(p), keyspace.Group, r.retention.Milliseconds()).Slice()
@@ -222,7 +223,7 @@ func (r *Registry) Submit(ctx context.Context, subject, scope string, opts Submi
 	if len(res) != 2 {
 		return SubmitResult{}, fmt.Errorf("jobs: submit %s: unexpected reply %v", k, res)
 	}
-	out := SubmitResult{Outcome: Outcome(fmt.Sprint(res[0])), Task: viewFromRecord(flatToMap(res[1]))}
+	out := SubmitResult{Outcome: Outcome(replyString(res[0])), Task: viewFromValues(k, res[1])}
 	r.metrics.requests.WithLabelValues(scope, string(opts.Source), string(out.Outcome)).Inc()
 	r.log.LogAttrs(ctx, slog.LevelDebug, "request",
 		slog.String("task_key", k.String()), slog.String("run_id", out.Task.RunID),
@@ -364,7 +365,8 @@ func timeOf(t *time.Time) time.Time {
 }
 
 // History returns the key's history events, newest first (default
-// HistoryLimitDefault, at most the history cap).
+// HistoryLimitDefault, at most the history cap). Coalesced repeats of a
+// request carry their count and last time.
 func (r *Registry) History(ctx context.Context, subject, scope string, limit int) ([]Event, error) {
 	k, _, err := r.key(subject, scope)
 	if err != nil {
@@ -373,15 +375,11 @@ func (r *Registry) History(ctx context.Context, subject, scope string, limit int
 	if limit <= 0 {
 		limit = HistoryLimitDefault
 	}
-	msgs, err := r.rdb.XRevRangeN(ctx, r.ks.History(k), "+", "-", int64(min(limit, r.histCap))).Result()
+	evs, err := readHistory(ctx, r.rdb, r.ks, k, min(limit, r.histCap))
 	if err != nil {
 		return nil, fmt.Errorf("jobs: history %s: %w", k, err)
 	}
-	out := make([]Event, len(msgs))
-	for i, m := range msgs {
-		out[i] = eventFromFields(m.Values)
-	}
-	return out, nil
+	return evs, nil
 }
 
 // CancelOutcome is what Cancel did.
@@ -409,7 +407,7 @@ func (r *Registry) Cancel(ctx context.Context, subject, scope string) (CancelOut
 	}
 	p := r.ks.Partition(k)
 	res, err := r.scripts.cancel.Run(ctx, r.rdb,
-		[]string{r.ks.Task(k), r.ks.Requests(p), r.ks.History(k), r.ks.Index(p), r.ks.Retry(p), r.ks.Watch(p)},
+		[]string{r.ks.Task(k), r.ks.Requests(p), r.ks.History(k), r.ks.Index(p), r.ks.Retry(p), r.ks.Watch(p), r.ks.PeopleRequests(p)},
 		keyspace.Group, r.histCap, r.ks.Events(p), r.ks.Cancels(p), r.retention.Milliseconds(), "registry").Text()
 	if err != nil {
 		return "", fmt.Errorf("jobs: cancel %s: %w", k, err)
@@ -435,22 +433,25 @@ func (r *Registry) CancelSubject(ctx context.Context, subject string) (map[strin
 	return out, nil
 }
 
-// QueueDepth returns the number of requests in the partition streams and in
-// the retry queues.
+// QueueDepth returns the number of requests in the partition streams (both
+// lanes) and in the retry queues.
 func (r *Registry) QueueDepth(ctx context.Context) (stream, retry int64, err error) {
 	pipe := r.rdb.Pipeline()
-	xl := make([]*redis.IntCmd, r.ks.Partitions())
-	zc := make([]*redis.IntCmd, r.ks.Partitions())
+	var xl, zc []*redis.IntCmd
 	for p := range r.ks.Partitions() {
-		xl[p] = pipe.XLen(ctx, r.ks.Requests(p))
-		zc[p] = pipe.ZCard(ctx, r.ks.Retry(p))
+		for _, l := range keyspace.Lanes() {
+			xl = append(xl, pipe.XLen(ctx, r.ks.Stream(p, l)))
+		}
+		zc = append(zc, pipe.ZCard(ctx, r.ks.Retry(p)))
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return 0, 0, fmt.Errorf("jobs: queue depth: %w", err)
 	}
-	for p := range xl {
-		stream += xl[p].Val()
-		retry += zc[p].Val()
+	for _, c := range xl {
+		stream += c.Val()
+	}
+	for _, c := range zc {
+		retry += c.Val()
 	}
 	return stream, retry, nil
 }
@@ -516,15 +517,6 @@ func (r *Registry) watch(ctx context.Context) error {
 	}
 	_, err := pipe.Exec(ctx)
 	return err
-}
-
-func flatToMap(v any) map[string]string {
-	flat, _ := v.([]any)
-	m := make(map[string]string, len(flat)/2)
-	for i := 0; i+1 < len(flat); i += 2 {
-		m[replyString(flat[i])] = replyString(flat[i+1])
-	}
-	return m
 }
 
 // replyString is fmt.Sprint for the strings a script replies with, without

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tasklease/tasklease/internal/keyspace"
@@ -112,8 +113,9 @@ type Runner struct {
 	// reclaimIdle: entries idle this long are re-examined by claim; the
 	// shortest lease TTL of any job, so no expired lease waits for longer.
 	reclaimIdle time.Duration
-	// reclaimFrom is, per partition, where the reclaimer's next scan of the
-	// pending entries starts ("" = the beginning). Reclaimer goroutine only.
+	// reclaimFrom is, per partition and lane, where the reclaimer's next
+	// scan of the pending entries starts ("" = the beginning). Reclaimer
+	// goroutine only.
 	reclaimFrom []string
 	// consumerIdle: the janitor deletes consumer-group members with
 	// nothing pending idle this long (ConsumerIdleLimit; tests shorten it).
@@ -123,6 +125,10 @@ type Runner struct {
 
 	workCtx    context.Context // runs; cancelled with ErrShutdown after the grace
 	workCancel context.CancelCauseFunc
+	fetchCtx   context.Context // taking work: Run's context
+
+	reads     atomic.Uint64 // reads so far (readOrder: one in bulkFirstEvery takes bulk first)
+	chainTurn atomic.Uint64 // the partition a finish reads for its slot next (round robin)
 
 	// testHooks are set by this package's tests before Run; nil in
 	// production.
@@ -154,7 +160,7 @@ func NewRunner(reg *Registry, cfg RunnerConfig) (*Runner, error) {
 	owner := cfg.ID + "/" + newRunID()[:6]
 	return &Runner{
 		reg: reg, cfg: cfg, owner: owner, reclaimIdle: reclaimIdle,
-		reclaimFrom: make([]string, reg.ks.Partitions()), consumerIdle: ConsumerIdleLimit,
+		reclaimFrom: make([]string, reg.ks.Partitions()*len(keyspace.Lanes())), consumerIdle: ConsumerIdleLimit,
 		log:    reg.log.With(slog.String("owner", owner)),
 		slots:  make(chan struct{}, cfg.Concurrency),
 		active: make(map[string]map[*context.CancelCauseFunc]struct{}),
@@ -189,6 +195,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	r.fetchCtx = ctx
 	r.workCtx, r.workCancel = context.WithCancelCause(context.WithoutCancel(ctx))
 	defer r.workCancel(nil)
 
@@ -217,6 +224,10 @@ func (r *Runner) Run(ctx context.Context) error {
 	return nil
 }
 
+// taking reports whether the runner takes new work (Run is running and its
+// context has not ended).
+func (r *Runner) taking() bool { return r.fetchCtx != nil && r.fetchCtx.Err() == nil }
+
 func (r *Runner) ensureGroups(ctx context.Context) error {
 	for p := range r.reg.ks.Partitions() {
 		if err := r.ensureGroup(ctx, p); err != nil {
@@ -227,9 +238,12 @@ func (r *Runner) ensureGroups(ctx context.Context) error {
 }
 
 func (r *Runner) ensureGroup(ctx context.Context, p int) error {
-	err := r.reg.rdb.XGroupCreateMkStream(ctx, r.reg.ks.Requests(p), keyspace.Group, "0").Err()
-	if err != nil && !strings.Contains(err.Error(), "BUSYGROUP") {
-		return fmt.Errorf("jobs: create consumer group on %s: %w", r.reg.ks.Requests(p), err)
+	for _, l := range keyspace.Lanes() {
+		stream := r.reg.ks.Stream(p, l)
+		err := r.reg.rdb.XGroupCreateMkStream(ctx, stream, keyspace.Group, "0").Err()
+		if err != nil && !strings.Contains(err.Error(), "BUSYGROUP") {
+			return fmt.Errorf("jobs: create consumer group on %s: %w", stream, err)
+		}
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/tasklease/tasklease/checkpoints"
+	"github.com/tasklease/tasklease/taskkey"
 )
 
 // TaskView is what users see of a task: "already running, started 14:03,
@@ -67,7 +68,9 @@ func viewFromRecord(f map[string]string) TaskView {
 	}
 	v.Attempt, _ = strconv.Atoi(f["attempt"])
 	v.MaxAttempts, _ = strconv.Atoi(f["maxAttempts"])
-	v.FencingToken, _ = strconv.ParseInt(f["token"], 10, 64)
+	if v.Attempt > 0 { // 'token' is also the key's fencing counter: a new run shows none yet
+		v.FencingToken, _ = strconv.ParseInt(f["token"], 10, 64)
+	}
 	done, _ := strconv.Atoi(f["done"])
 	v.CompletedStages = v.Stages[:min(max(done, 0), len(v.Stages))]
 	for _, s := range splitList(f["sources"]) {
@@ -78,6 +81,25 @@ func viewFromRecord(f map[string]string) TaskView {
 	}
 	v.CanCancel = v.Status.Active() && !v.CancelRequested
 	return v
+}
+
+// viewFields are the record fields a TaskView shows, in the order of
+// VIEW_FIELDS in lua/lib.lua: submit.lua replies with their values only.
+var viewFields = []string{"runId", "status", "stage", "stages", "done", "attempt", "maxAttempts", "sources",
+	"owner", "token", "requestedAt", "startedAt", "updatedAt", "finishedAt", "nextAttemptAt", "lastError",
+	"cancel", "followUp", "waiting"}
+
+// viewFromValues builds the TaskView of k from the values of viewFields.
+func viewFromValues(k taskkey.Key, reply any) TaskView {
+	vals, _ := reply.([]any)
+	f := make(map[string]string, len(viewFields)+3)
+	f["key"], f["subject"], f["scope"] = k.String(), k.Subject(), k.Scope()
+	for i, name := range viewFields {
+		if i < len(vals) {
+			f[name] = replyString(vals[i])
+		}
+	}
+	return viewFromRecord(f)
 }
 
 func idleView(key, subject, scope string, stages []string) TaskView {
@@ -108,15 +130,20 @@ func timeField(s string) *time.Time {
 // stage, progress, retry-scheduled, recovered, lease-lost, handed-back,
 // cancelled, done, failed.
 type Event struct {
-	At           time.Time `json:"at"`
-	RunID        string    `json:"runId"`
-	Event        string    `json:"event"`
-	Source       string    `json:"source"`
-	Stage        string    `json:"stage"`
-	Outcome      string    `json:"outcome"`
-	Error        string    `json:"error"`
-	Owner        string    `json:"owner"`
-	FencingToken int64     `json:"fencingToken"`
+	At time.Time `json:"at"`
+	// Count is how many identical requests (same run, source and outcome)
+	// this event stands for: repeats are coalesced into the first one
+	// (DESIGN §3). LastAt is the time of the last of them.
+	Count        int        `json:"count"`
+	LastAt       *time.Time `json:"lastAt,omitempty"`
+	RunID        string     `json:"runId"`
+	Event        string     `json:"event"`
+	Source       string     `json:"source"`
+	Stage        string     `json:"stage"`
+	Outcome      string     `json:"outcome"`
+	Error        string     `json:"error"`
+	Owner        string     `json:"owner"`
+	FencingToken int64      `json:"fencingToken"`
 }
 
 func eventFromFields(f map[string]any) Event {
@@ -130,6 +157,7 @@ func eventFromFields(f map[string]any) Event {
 		Outcome: str("outcome"),
 		Error:   str("error"),
 		Owner:   str("owner"),
+		Count:   1,
 	}
 	e.FencingToken, _ = strconv.ParseInt(str("fencingToken"), 10, 64)
 	return e

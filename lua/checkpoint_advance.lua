@@ -1,6 +1,6 @@
 -- checkpoint_advance: mark the current stage done and enter the next one.
 -- Fenced: only the lease holder of this run, at this token, may write.
--- KEYS[1] lease key   KEYS[2] task record   KEYS[3] history stream
+-- KEYS[1] lease key   KEYS[2] task record   KEYS[3] history
 -- KEYS[4] partition watch key (views are published only while it exists)
 -- ARGV[1] owner   ARGV[2] token   ARGV[3] runId   ARGV[4] completed stage
 -- ARGV[5] history cap   ARGV[6] events channel
@@ -15,6 +15,6 @@ if stages[done + 1] ~= ARGV[4] then return {-1} end
 local nxt = stages[done + 2] or ''
 local now = now_ms()
 redis.call('HSET', KEYS[2], 'done', done + 1, 'stage', nxt, 'cursor', '', 'updatedAt', now)
-hist_add(KEYS[3], ARGV[5], now, 'stage', ARGV[3], {'stage', ARGV[4], 'outcome', 'done', 'owner', ARGV[1], 'fencingToken', ARGV[2]})
+hist_add(KEYS[3], ARGV[5], now, 'stage', ARGV[3], {stage = ARGV[4], outcome = 'done', owner = ARGV[1], token = ARGV[2]})
 publish_view(KEYS[2], ARGV[6], KEYS[4])
 return {1, nxt}

@@ -1,113 +1,148 @@
--- claim: a runner takes a request from the stream. One script decides
--- whether the entry is stale, busy, foreign or granted, and on a grant takes
--- the lease (next fencing token) and enters the first incomplete stage.
--- KEYS[1] task record   KEYS[2] lease   KEYS[3] fence counter
--- KEYS[4] request stream   KEYS[5] history   KEYS[6] partition index
--- KEYS[7] partition watch key (views are published only while it exists)
--- ARGV[1] entry id   ARGV[2] entry runId   ARGV[3] entry source
--- ARGV[4] owner (and consumer name)   ARGV[5] lease ttl (ms)   ARGV[6] group
--- ARGV[7] history cap   ARGV[8] events channel   ARGV[9] retention (ms)
--- ARGV[10] reclaim idle (ms): min idle time after which entries are reclaimed
--- ARGV[11] follow-up run id (used if the claim ends the run and a follow-up is queued)
--- ARGV[12] the job's stages as this runner defines them (comma list; '' when
---          this runner does not define the job at all)
--- ARGV[13] the job's maxAttempts here (for a follow-up started by this claim)
--- ARGV[14] fence counter expiry (ms)
--- returns {'ack'}                    entry was stale or the run ended here; nothing to do
---         {'busy', holder, pttl}     a live lease exists (or a retry is not due); entry left pending
---         {'foreign', stage}         the run needs a stage (or job) this runner does not
---                                    define: left pending for a runner that does
---         {'granted', token, done, cursor, attempt, stages, sources, startedAt, prevStatus}
-local task, lease_key, stream, hist = KEYS[1], KEYS[2], KEYS[4], KEYS[5]
-local entry_id, run_id, source, owner = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local group, cap = ARGV[6], ARGV[7]
-local rec = redis.call('HMGET', task, 'runId', 'status', 'cancel', 'nextAttemptAt', 'attempt',
-  'maxAttempts', 'owner', 'token', 'sources', 'stages', 'done', 'waiting')
-local status = rec[2]
-if rec[1] ~= run_id or not (status == 'queued' or status == 'running' or status == 'retrying') then
-  ack_entry(stream, group, entry_id)
-  return {'ack'}
-end
+-- claim: a runner takes requests it read from a partition's streams. For
+-- each entry one decision — stale, busy, foreign or granted — and on a grant
+-- it takes the lease with the key's next fencing token and enters the first
+-- incomplete stage. Several entries of one partition go in one call.
+-- KEYS[1] partition index   KEYS[2] partition watch key (views are published
+--         only while it exists)   KEYS[3] bulk request stream   KEYS[4] people request stream
+-- KEYS[2+3i] task record of entry i   KEYS[3+3i] its lease   KEYS[4+3i] its history   (i = 1..n)
+-- ARGV[1] owner (and consumer name)   ARGV[2] group   ARGV[3] history cap
+-- ARGV[4] events channel   ARGV[5] retention (ms)
+-- ARGV[6] reclaim idle (ms): min idle time after which entries are reclaimed
+-- per entry i, ARGV[j+1 .. j+8] with j = 6 + 8(i-1):
+--   lane ('p' or 'b': the stream the entry was read from)   entry id   runId
+--   source   lease ttl (ms)   follow-up run id (used if the claim ends the run
+--   and a follow-up is queued)   the job's stages as this runner defines them
+--   (comma list; '' when this runner does not define the job)   its maxAttempts
+-- returns one reply per entry, in order:
+--   {'ack'}                    entry was stale or the run ended here; nothing to do
+--   {'busy', holder, pttl}     a live lease exists (or a retry is not due); entry left pending
+--   {'foreign', stage}         the run needs a stage (or job) this runner does not
+--                              define: left pending for a runner that does
+--   {'granted', token, done, cursor, attempt, stages, sources, startedAt, prevStatus}
+-- The fencing counter is the record's 'token': a grant takes
+-- max(token + 1, Redis TIME µs) (next_token), so no separate counter key.
+-- Cost of a grant: HMGET, GET lease, TIME, SET lease, HSET, RPUSH, EXISTS watch.
+local owner, group, cap, channel = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local idle_ms = tonumber(ARGV[6])
+local streams = {b = KEYS[3], p = KEYS[4]}
+local now, now_us = clock()
 
-local holder = redis.call('GET', lease_key)
-if holder then
-  local pttl = redis.call('PTTL', lease_key)
-  -- Make the entry reclaimable the moment the lease would expire, not a
-  -- whole idle period later; a live holder's heartbeat takes it back.
-  local idle = tonumber(ARGV[10]) - pttl
-  if idle < 0 then idle = 0 end
-  redis.call('XCLAIM', stream, group, owner, 0, entry_id, 'IDLE', idle, 'JUSTID')
-  return {'busy', holder, pttl}
-end
-
-local now = now_ms()
-local c = {task = task, stream = stream, hist = hist, index = KEYS[6], group = group, cap = cap,
-  channel = ARGV[8], retention = ARGV[9], next_run_id = ARGV[11], stages = ARGV[12],
-  max_attempts = ARGV[13], now = now}
--- A cancel (or replace) ends the run at once, even during its retry backoff.
-if rec[3] == '1' then
-  finish_terminal(c, 'cancelled', 'cancelled')
-  publish_view(task, ARGV[8], KEYS[7])
-  return {'ack'}
-end
-if status == 'retrying' and tonumber(rec[4]) and tonumber(rec[4]) > now then
-  return {'busy', '', tonumber(rec[4]) - now}
-end
-
--- Rolling deploys: a run whose remaining stages this runner does not
--- define is left to a runner that does, never failed. The entry stays
--- pending and immediately reclaimable; the view says what it waits for.
-local missing = nil
-if ARGV[12] == '' then
-  missing = ''
-else
-  local defined = {}
-  for _, s in ipairs(split(ARGV[12], ',')) do defined[s] = true end
-  local run_stages = split(rec[10], ',')
-  for i = (tonumber(rec[11]) or 0) + 1, #run_stages do
-    if not defined[run_stages[i]] then missing = run_stages[i]; break end
-  end
-end
-if missing then
-  local why
-  if missing == '' then
-    why = 'waiting for a runner that defines this job (' .. owner .. ' does not)'
-  else
-    why = 'waiting for a runner that defines stage ' .. missing .. ' (' .. owner .. ' does not)'
-  end
-  redis.call('XCLAIM', stream, group, owner, 0, entry_id, 'IDLE', ARGV[10], 'JUSTID')
-  if rec[12] ~= why then
-    redis.call('HSET', task, 'waiting', why)
-    publish_view(task, ARGV[8], KEYS[7])
-  end
-  return {'foreign', missing}
-end
-
-local attempt, max_attempts = tonumber(rec[5]) or 0, tonumber(rec[6]) or 1
-if status == 'running' then
-  -- The previous holder's lease expired without a finish: it crashed,
-  -- paused or was cut off.
-  hist_add(hist, cap, now, 'lease-lost', run_id, {'owner', rec[7] or '', 'fencingToken', rec[8] or ''})
-  if attempt >= max_attempts then
-    finish_terminal(c, 'failed', 'lease expired on the last attempt (' .. attempt .. ' of ' .. max_attempts .. ')')
-    publish_view(task, ARGV[8], KEYS[7])
+local function claim_one(task, lease_key, hist, lane, entry_id, run_id, source, ttl, next_run_id, def_stages, def_max)
+  local stream = streams[lane] or streams.b
+  local rec = redis.call('HMGET', task, 'runId', 'status', 'cancel', 'nextAttemptAt', 'attempt',
+    'maxAttempts', 'owner', 'token', 'sources', 'stages', 'done', 'waiting', 'cursor', 'startedAt')
+  local status = rec[2]
+  if rec[1] ~= run_id or not (status == 'queued' or status == 'running' or status == 'retrying') then
+    ack_entry(stream, group, entry_id)
     return {'ack'}
   end
+
+  local holder = redis.call('GET', lease_key)
+  if holder then
+    local pttl = redis.call('PTTL', lease_key)
+    -- Make the entry reclaimable the moment the lease would expire, not a
+    -- whole idle period later; a live holder's heartbeat takes it back.
+    local idle = idle_ms - pttl
+    if idle < 0 then idle = 0 end
+    redis.call('XCLAIM', stream, group, owner, 0, entry_id, 'IDLE', idle, 'JUSTID')
+    return {'busy', holder, pttl}
+  end
+
+  local c = {task = task, streams = streams, hist = hist, index = KEYS[1], group = group, cap = cap,
+    retention = ARGV[5], next_run_id = next_run_id, stages = def_stages, max_attempts = def_max, now = now}
+  -- A cancel (or replace) ends the run at once, even during its retry backoff.
+  if rec[3] == '1' then
+    finish_terminal(c, 'cancelled', 'cancelled')
+    publish_view(task, channel, KEYS[2])
+    return {'ack'}
+  end
+  if status == 'retrying' and tonumber(rec[4]) and tonumber(rec[4]) > now then
+    return {'busy', '', tonumber(rec[4]) - now}
+  end
+
+  -- Rolling deploys: a run whose remaining stages this runner does not
+  -- define is left to a runner that does, never failed. The entry stays
+  -- pending and immediately reclaimable; the view says what it waits for.
+  local missing = nil
+  if def_stages == '' then
+    missing = ''
+  else
+    local defined = {}
+    for _, s in ipairs(split(def_stages, ',')) do defined[s] = true end
+    local run_stages = split(rec[10], ',')
+    for i = (tonumber(rec[11]) or 0) + 1, #run_stages do
+      if not defined[run_stages[i]] then missing = run_stages[i]; break end
+    end
+  end
+  if missing then
+    local why
+    if missing == '' then
+      why = 'waiting for a runner that defines this job (' .. owner .. ' does not)'
+    else
+      why = 'waiting for a runner that defines stage ' .. missing .. ' (' .. owner .. ' does not)'
+    end
+    redis.call('XCLAIM', stream, group, owner, 0, entry_id, 'IDLE', idle_ms, 'JUSTID')
+    if rec[12] ~= why then
+      redis.call('HSET', task, 'waiting', why)
+      publish_view(task, channel, KEYS[2])
+    end
+    return {'foreign', missing}
+  end
+
+  local attempt, max_attempts = tonumber(rec[5]) or 0, tonumber(rec[6]) or 1
+  if status == 'running' then
+    -- The previous holder's lease expired without a finish: it crashed,
+    -- paused or was cut off.
+    hist_add(hist, cap, now, 'lease-lost', run_id, {owner = rec[7] or '', token = rec[8] or ''})
+    if attempt >= max_attempts then
+      finish_terminal(c, 'failed', 'lease expired on the last attempt (' .. attempt .. ' of ' .. max_attempts .. ')')
+      publish_view(task, channel, KEYS[2])
+      return {'ack'}
+    end
+  end
+
+  local token = next_token(rec[8], now_us)
+  redis.call('SET', lease_key, lease_value(token, owner), 'PX', ttl)
+  -- Hand the record to the new holder: the run keeps its completed stages
+  -- and cursor, so a recovered run resumes.
+  local done, cursor = tonumber(rec[11]) or 0, rec[13] or ''
+  local run_stages = split(rec[10], ',')
+  local stage = run_stages[done + 1] or ''
+  local attempt_now = attempt + 1
+  local sources = list_add(rec[9], source)
+  local started = rec[14]
+  local fields = {'status', 'running', 'stage', stage, 'owner', owner, 'token', tok_str(token),
+    'updatedAt', now, 'attempt', attempt_now, 'entry', entry_id, 'lane', lane, 'sources', sources}
+  if not started or started == '' then
+    started = now
+    fields[#fields + 1] = 'startedAt'
+    fields[#fields + 1] = now
+  end
+  if rec[4] and rec[4] ~= '' then
+    fields[#fields + 1] = 'nextAttemptAt'
+    fields[#fields + 1] = ''
+  end
+  if rec[12] and rec[12] ~= '' then
+    fields[#fields + 1] = 'waiting'
+    fields[#fields + 1] = ''
+  end
+  redis.call('HSET', task, unpack(fields))
+  -- 'recovered' is reserved for crash recovery (the lease expired while
+  -- running); a retry or a handed-back run is 'started' again, with its
+  -- recovery mode as the outcome.
+  local ev = {source = source, stage = stage, owner = owner, token = token}
+  if attempt_now > 1 or done > 0 or cursor ~= '' then
+    ev.outcome = recovery_mode(done, cursor, #run_stages)
+  end
+  hist_add(hist, cap, now, status == 'running' and 'recovered' or 'started', run_id, ev)
+  publish_view(task, channel, KEYS[2])
+  return {'granted', token, done, cursor, attempt_now, rec[10], sources, started, status}
 end
 
-local token = lease_grant(lease_key, KEYS[3], owner, ARGV[5], ARGV[14])
-local done, stage, cursor, attempt_now = cp_begin(task, run_id, rec[10], owner, token, now)
-local sources = add_source(rec[9], source)
-redis.call('HSET', task, 'entry', entry_id, 'sources', sources)
--- 'recovered' is reserved for crash recovery (the lease expired while
--- running); a retry or a handed-back run is 'started' again, with its
--- recovery mode as the outcome.
-local ev = {'source', source, 'stage', stage, 'owner', owner, 'fencingToken', tok_str(token)}
-if attempt_now > 1 or done > 0 or cursor ~= '' then
-  ev[#ev + 1] = 'outcome'
-  ev[#ev + 1] = recovery_mode(done, cursor, #split(rec[10], ','))
+local out = {}
+for i = 1, (#KEYS - 4) / 3 do
+  local k, j = 2 + 3 * i, 6 + 8 * (i - 1)
+  out[i] = claim_one(KEYS[k], KEYS[k + 1], KEYS[k + 2], ARGV[j + 1], ARGV[j + 2], ARGV[j + 3], ARGV[j + 4],
+    ARGV[j + 5], ARGV[j + 6], ARGV[j + 7], ARGV[j + 8])
 end
-hist_add(hist, cap, now, status == 'running' and 'recovered' or 'started', run_id, ev)
-publish_view(task, ARGV[8], KEYS[7])
-local started = redis.call('HGET', task, 'startedAt')
-return {'granted', token, done, cursor, attempt_now, rec[10], sources, started, status}
+return out

@@ -1,9 +1,10 @@
 -- finish: end an attempt, fenced. Releases the lease, acknowledges the
 -- request entry and records the result in one script, so a key is never left
 -- blocked by a lease, record or entry without the others.
--- KEYS[1] task record   KEYS[2] lease   KEYS[3] request stream   KEYS[4] history
--- KEYS[5] partition index   KEYS[6] partition retry queue
--- KEYS[7] partition watch key (views are published only while it exists)
+-- KEYS[1] task record   KEYS[2] lease   KEYS[3] bulk request stream
+-- KEYS[4] people request stream   KEYS[5] history   KEYS[6] partition index
+-- KEYS[7] partition retry queue
+-- KEYS[8] partition watch key (views are published only while it exists)
 -- ARGV[1] owner   ARGV[2] token   ARGV[3] runId
 -- ARGV[4] result: done | failed | cancelled | retry | handback
 -- ARGV[5] stage completed by this call ("" if none)   ARGV[6] error text
@@ -15,51 +16,72 @@
 -- while this attempt was failing) ends it as cancelled at once instead of
 -- waiting out the backoff.
 -- returns {1, status after}   {0} not held   {-1} ARGV[5] is not the current stage
-local task, lease_key, stream, hist = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local owner, token, run_id, result = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-if not fenced(lease_key, task, owner, token, run_id) then return {0} end
+-- Cost of a done run: GET lease, HMGET, TIME, DEL lease, XACK, XDEL, HSET,
+-- RPUSH (the stage and the result events together), ZADD index, PEXPIRE x2,
+-- EXISTS watch.
+local task, lease_key, hist = KEYS[1], KEYS[2], KEYS[5]
+local streams = {b = KEYS[3], p = KEYS[4]}
+local owner, token, run_id, result, cap = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[9]
+if redis.call('GET', lease_key) ~= lease_value(token, owner) then return {0} end
+-- FT_FIELDS (lib.lua), then done, attempt, sources.
+local fields = {unpack(FT_FIELDS)}
+fields[#fields + 1] = 'done'
+fields[#fields + 1] = 'attempt'
+fields[#fields + 1] = 'sources'
+local rec = redis.call('HMGET', task, unpack(fields))
+local nft = #FT_FIELDS
+if rec[2] ~= run_id or rec[10] ~= token then return {0} end
 local now = now_ms()
-local rec = redis.call('HMGET', task, 'stages', 'done', 'attempt', 'maxAttempts', 'entry', 'key', 'stage', 'sources',
-  'cancel')
+local before = nil -- the completed stage's event, appended with the result's
 if ARGV[5] ~= '' then
-  local done = tonumber(rec[2]) or 0
-  local stages = split(rec[1], ',')
+  local done = tonumber(rec[nft + 1]) or 0
+  local stages = split(rec[6], ',')
   if stages[done + 1] ~= ARGV[5] then return {-1} end
-  redis.call('HSET', task, 'done', done + 1, 'cursor', '')
+  local upd = {'done', done + 1, 'cursor', ''}
   if result == 'handback' then
-    rec[7] = stages[done + 2] or ''
-    redis.call('HSET', task, 'stage', rec[7])
+    rec[8] = stages[done + 2] or ''
+    upd[#upd + 1] = 'stage'
+    upd[#upd + 1] = rec[8]
   end
-  hist_add(hist, ARGV[9], now, 'stage', run_id, {'stage', ARGV[5], 'outcome', 'done', 'owner', owner, 'fencingToken', token})
+  redis.call('HSET', task, unpack(upd))
+  before = hist_entry(now, 'stage', run_id, {stage = ARGV[5], outcome = 'done', owner = owner, token = token})
 end
 redis.call('DEL', lease_key)
-local attempt, max_attempts = tonumber(rec[3]) or 1, tonumber(rec[4]) or 1
-if result == 'retry' and rec[9] == '1' then
+local attempt, max_attempts = tonumber(rec[nft + 2]) or 1, tonumber(rec[7]) or 1
+if result == 'retry' and rec[13] == '1' then
   result, ARGV[6] = 'cancelled', 'cancelled'
 elseif result == 'retry' and attempt >= max_attempts then
   result = 'failed'
 end
 
+local function push(ev)
+  if before then hist_push(hist, cap, before, ev) else hist_push(hist, cap, ev) end
+end
 if result == 'retry' then
   local due = now + tonumber(ARGV[7])
-  ack_entry(stream, ARGV[8], rec[5])
+  ack_entry(streams[rec[11] or 'b'] or streams.b, ARGV[8], rec[1])
   redis.call('HSET', task, 'status', 'retrying', 'nextAttemptAt', due, 'lastError', ARGV[6],
     'entry', '', 'updatedAt', now)
-  redis.call('ZADD', KEYS[6], due, run_id .. ' ' .. rec[6])
-  hist_add(hist, ARGV[9], now, 'retry-scheduled', run_id, {'stage', rec[7], 'error', ARGV[6],
-    'outcome', 'attempt ' .. attempt .. ' of ' .. max_attempts, 'owner', owner, 'fencingToken', token})
+  redis.call('ZADD', KEYS[7], due, run_id .. ' ' .. rec[3])
+  push(hist_entry(now, 'retry-scheduled', run_id, {stage = rec[8], error = ARGV[6],
+    outcome = 'attempt ' .. attempt .. ' of ' .. max_attempts, owner = owner, token = token}))
 elseif result == 'handback' then
   -- Graceful shutdown: keep the checkpoint, give the attempt back and
   -- re-queue at once so another runner resumes without waiting for the TTL.
-  ack_entry(stream, ARGV[8], rec[5])
-  local first = split(rec[8], ',')[1] or 'manual'
-  local id = redis.call('XADD', stream, '*', 'key', rec[6], 'runId', run_id, 'source', first)
-  redis.call('HSET', task, 'status', 'queued', 'attempt', attempt - 1, 'entry', id, 'updatedAt', now)
-  hist_add(hist, ARGV[9], now, 'handed-back', run_id, {'stage', rec[7], 'owner', owner, 'fencingToken', token})
+  ack_entry(streams[rec[11] or 'b'] or streams.b, ARGV[8], rec[1])
+  local srcs = rec[nft + 3]
+  local lane = lane_for(srcs)
+  local id = redis.call('XADD', streams[lane], '*', 'key', rec[3], 'runId', run_id,
+    'source', split(srcs, ',')[1] or 'manual')
+  redis.call('HSET', task, 'status', 'queued', 'attempt', attempt - 1, 'entry', id, 'lane', lane, 'updatedAt', now)
+  push(hist_entry(now, 'handed-back', run_id, {stage = rec[8], owner = owner, token = token}))
 else
-  finish_terminal({task = task, stream = stream, hist = hist, index = KEYS[5], group = ARGV[8], cap = ARGV[9],
-    channel = ARGV[10], retention = ARGV[11], next_run_id = ARGV[12], stages = ARGV[13],
-    max_attempts = ARGV[14], now = now}, result, ARGV[6])
+  finish_terminal({task = task, streams = streams, hist = hist, index = KEYS[6], group = ARGV[8], cap = cap,
+    retention = ARGV[11], next_run_id = ARGV[12], stages = ARGV[13],
+    max_attempts = ARGV[14], now = now}, result, ARGV[6], rec, before)
 end
-publish_view(task, ARGV[10], KEYS[7])
-return {1, redis.call('HGET', task, 'status')}
+publish_view(task, ARGV[10], KEYS[8])
+if result == 'retry' then return {1, 'retrying'} end
+if result == 'handback' then return {1, 'queued'} end
+if rec[4] == '1' and ARGV[12] ~= '' then return {1, 'queued'} end
+return {1, result}

@@ -26,54 +26,74 @@ local function lease_held(lease_key, owner, token)
   return redis.call('GET', lease_key) == lease_value(token, owner)
 end
 
--- lease_grant takes a free lease (SET PX) with the next fencing token:
--- max(previous token + 1, Redis TIME in microseconds). The time floor keeps
--- tokens monotonic when Redis loses the fence counter (restart without
--- persistence, failover to a lagging replica, a flush), so the counter may
--- expire (fence_ttl_ms) with the record it fences. Tokens stay below 2^53.
+-- clock returns Redis time once, in milliseconds and in microseconds.
+local function clock()
+  local t = redis.call('TIME')
+  local s, us = tonumber(t[1]), tonumber(t[2])
+  return s * 1000 + math.floor(us / 1000), s * 1000000 + us
+end
+
+-- next_token is the fencing token that follows prev: max(prev + 1, Redis
+-- TIME in microseconds). The time floor keeps tokens monotonic when Redis
+-- loses the previous token (restart without persistence, failover to a
+-- lagging replica, a flush, an expired counter). Tokens stay below 2^53.
+local function next_token(prev, now_us)
+  return math.max((tonumber(prev) or 0) + 1, now_us)
+end
+
+-- lease_grant takes a free lease (SET PX) with the next fencing token,
+-- counted in fence_key, which may expire (fence_ttl_ms). This is the
+-- standalone lease API (package leasing); the engine keeps the counter in
+-- the run record instead (claim.lua).
 -- Returns token (a number), or nil, holder value, remaining ms.
 local function lease_grant(lease_key, fence_key, owner, ttl_ms, fence_ttl_ms)
   local cur = redis.call('GET', lease_key)
   if cur then
     return nil, cur, redis.call('PTTL', lease_key)
   end
-  local t = redis.call('TIME')
-  local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local token = math.max((tonumber(redis.call('GET', fence_key)) or 0) + 1, now_us)
+  local _, now_us = clock()
+  local token = next_token(redis.call('GET', fence_key), now_us)
   redis.call('SET', fence_key, tok_str(token), 'PX', fence_ttl_ms)
   redis.call('SET', lease_key, lease_value(token, owner), 'PX', ttl_ms)
   return token
 end
 
--- hist_add appends one event to a task's capped history stream.
--- fields: a flat list {name, value, ...} appended after at/event/runId.
-local function hist_add(hist_key, cap, now, event, run_id, fields)
-  redis.call('XADD', hist_key, 'MAXLEN', '~', cap, '*', 'at', now, 'event', event, 'runId', run_id or '',
-    unpack(fields))
+-- History is a capped list of compact events, oldest first. An event is
+-- one string, its fields joined by US (0x1F): at, event, runId, source,
+-- stage, outcome, owner, fencingToken, error — and, once a coalesced
+-- repeat has been folded in, count and lastAt (jobs/history.go parses it).
+-- A list entry costs a few dozen bytes where a stream entry cost hundreds.
+local US = '\31'
+
+-- hist_entry encodes one event; e: {source, stage, outcome, owner, token, error}.
+local function hist_entry(now, event, run_id, e)
+  local err = e.error or ''
+  if err ~= '' then err = (string.gsub(err, US, ' ')) end
+  return table.concat({now, event, run_id or '', e.source or '', e.stage or '', e.outcome or '',
+    e.owner or '', tok_str(e.token or ''), err}, US)
 end
 
--- publish_view publishes the task record (minus the binary cursor) as JSON
--- on the partition's channel; subscribers turn it into a TaskView. It is
--- skipped while watch_key is absent: subscribers (Registry.Subscribe) keep
--- that key alive, and encoding views nobody reads costs a third of a
--- script's time.
-local function publish_view(task_key, channel, watch_key)
-  if redis.call('EXISTS', watch_key) == 0 then return end
-  local flat = redis.call('HGETALL', task_key)
-  local view = {}
-  for i = 1, #flat, 2 do
-    if flat[i] ~= 'cursor' then view[flat[i]] = flat[i + 1] end
-  end
-  redis.call('PUBLISH', channel, cjson.encode(view))
+-- hist_push appends encoded events and trims the list to cap; the trim
+-- costs a call only once the list is full.
+local function hist_push(hist, cap, ...)
+  local n = redis.call('RPUSH', hist, ...)
+  local c = tonumber(cap)
+  if n > c then redis.call('LTRIM', hist, -c, -1) end
 end
 
--- fenced reports whether the caller may write the run record: it holds the
--- lease with this token, and the record is still this run's, at this token.
-local function fenced(lease_key, task_key, owner, token, run_id)
-  if not lease_held(lease_key, owner, token) then return false end
-  local rec = redis.call('HMGET', task_key, 'runId', 'token')
-  return rec[1] == run_id and rec[2] == tok_str(token)
+-- hist_add appends one event to a task's history.
+local function hist_add(hist, cap, now, event, run_id, e)
+  hist_push(hist, cap, hist_entry(now, event, run_id, e or {}))
 end
+
+-- Coalesced requests (DESIGN §3): of the requests that leave a run as it
+-- is (joined, skipped, queued, throttled), the first per (source,
+-- outcome) of a run appends an event; repeats only count. The record
+-- field co_field(source, outcome) holds "<runId> <count> <lastAt> <event>"
+-- with the event exactly as appended; field 'co' lists these fields.
+-- Readers add count and lastAt to the matching event; co_fold writes them
+-- into the list before the record moves on to another run.
+local function co_field(source, outcome) return 'c:' .. source .. ':' .. outcome end
 
 -- split splits s on sep (a single plain character); "" gives {}.
 local function split(s, sep)
@@ -91,9 +111,80 @@ local function split(s, sep)
   end
 end
 
--- cp_begin hands the run record of task_key to a new lease holder. A record
--- of another run starts a fresh checkpoint; the same run keeps its completed
--- stages and cursor (recovery resumes). Returns done, stage, cursor, attempt.
+-- list_add appends item to a comma list unless present.
+local function list_add(list, item)
+  if list == nil or list == false or list == '' then return item end
+  for _, s in ipairs(split(list, ',')) do
+    if s == item then return list end
+  end
+  return list .. ',' .. item
+end
+
+-- hist_request records a request that leaves run run_id as it is. co_value
+-- is the record's current co_field(source, outcome). Appends an event only
+-- for the first of its kind in the run. Returns the field, its new value,
+-- and whether the field is new (the caller adds it to 'co'); the caller
+-- writes them with its own HSET.
+local function hist_request(hist, cap, now, event, run_id, source, outcome, co_value)
+  local f = co_field(source, outcome)
+  if co_value then
+    local rid, count, ev = string.match(co_value, '^(%S*) (%d+) %d+ (.*)$')
+    if rid == run_id then
+      return f, rid .. ' ' .. (tonumber(count) + 1) .. ' ' .. now .. ' ' .. ev, false
+    end
+  end
+  local ev = hist_entry(now, event, run_id, {source = source, outcome = outcome})
+  hist_push(hist, cap, ev)
+  return f, run_id .. ' 1 ' .. now .. ' ' .. ev, true
+end
+
+-- co_fold writes the counts of the record's coalesced requests into their
+-- history events (when an event was repeated) and deletes the fields.
+local function co_fold(task, hist, co_list)
+  if not co_list or co_list == '' then return end
+  local fields = split(co_list, ',')
+  local vals = redis.call('HMGET', task, unpack(fields))
+  for i = 1, #fields do
+    if vals[i] then
+      local count, last, ev = string.match(vals[i], '^%S* (%d+) (%d+) (.*)$')
+      if ev and tonumber(count) > 1 then
+        local idx = redis.call('LPOS', hist, ev)
+        if idx then redis.call('LSET', hist, idx, ev .. US .. count .. US .. last) end
+      end
+    end
+  end
+  redis.call('HDEL', task, 'co', unpack(fields))
+end
+
+-- publish_view publishes the task record (minus the binary cursor) as JSON
+-- on the partition's channel; subscribers turn it into a TaskView. It is
+-- skipped while watch_key is absent: subscribers (Registry.Subscribe) keep
+-- that key alive, and encoding views nobody reads costs a third of a
+-- script's time.
+local function publish_view(task_key, channel, watch_key)
+  if redis.call('EXISTS', watch_key) == 0 then return end
+  local flat = redis.call('HGETALL', task_key)
+  local view = {}
+  for i = 1, #flat, 2 do
+    local f = flat[i]
+    if f ~= 'cursor' and f ~= 'co' and string.sub(f, 1, 2) ~= 'c:' then view[f] = flat[i + 1] end
+  end
+  redis.call('PUBLISH', channel, cjson.encode(view))
+end
+
+-- fenced reports whether the caller may write the run record: it holds the
+-- lease with this token, and the record is still this run's, at this token.
+local function fenced(lease_key, task_key, owner, token, run_id)
+  if not lease_held(lease_key, owner, token) then return false end
+  local rec = redis.call('HMGET', task_key, 'runId', 'token')
+  return rec[1] == run_id and rec[2] == tok_str(token)
+end
+
+-- cp_begin hands the run record of task_key to a new lease holder (the
+-- standalone checkpoint API, checkpoint_begin.lua; the engine's claim.lua
+-- does the same inline). A record of another run starts a fresh checkpoint;
+-- the same run keeps its completed stages and cursor (recovery resumes).
+-- Returns done, stage, cursor, attempt.
 local function cp_begin(task_key, run_id, stages_csv, owner, token, now)
   local rec = redis.call('HMGET', task_key, 'runId', 'done', 'cursor', 'stages', 'startedAt')
   local done, cursor, stages_now
@@ -122,29 +213,53 @@ local function ack_entry(stream_key, group, entry_id)
   end
 end
 
--- add_source appends src to a comma list unless present.
-local function add_source(list, src)
-  if list == nil or list == false or list == '' then return src end
-  for _, s in ipairs(split(list, ',')) do
-    if s == src then return list end
+-- Lanes: each partition has two request streams. People's requests
+-- (manual, foreground) go to the people lane, which runners read first;
+-- bulk work (schedule, retry) to the bulk lane. A record's 'lane' is 'p' or
+-- 'b' (absent: bulk, as before lanes existed). streams = {p = key, b = key}.
+local function is_person(source) return source == 'manual' or source == 'foreground' end
+
+-- lane_for picks the lane of a run requested by a comma list of sources.
+local function lane_for(sources)
+  for _, s in ipairs(split(sources, ',')) do
+    if is_person(s) then return 'p' end
   end
-  return list .. ',' .. src
+  return 'b'
 end
 
 -- new_run creates a queued run on task_key and appends its request to the
--- partition stream, in the same script: a run record never exists without
--- its request, nor a request without its record (no orphans).
-local function new_run(task_key, stream_key, hist_key, key, run_id, stages_csv, max_attempts, sources, source, now)
-  local id = redis.call('XADD', stream_key, '*', 'key', key, 'runId', run_id, 'source', source)
-  redis.call('HSET', task_key, 'runId', run_id, 'status', 'queued', 'stages', stages_csv, 'done', 0,
-    'stage', '', 'cursor', '', 'attempt', 0, 'maxAttempts', max_attempts, 'sources', sources,
-    'owner', '', 'token', '', 'requestedAt', now, 'startedAt', '', 'updatedAt', now, 'finishedAt', '',
-    'nextAttemptAt', '', 'lastError', '', 'cancel', '0', 'followUp', '0', 'followUpSources', '',
-    'entry', id, 'waiting', '')
-  redis.call('PERSIST', task_key)
-  redis.call('PERSIST', hist_key)
+-- partition's stream of its lane, in the same script: a run record never
+-- exists without its request, nor a request without its record (no
+-- orphans). A record that exists keeps 'token', the key's fencing counter,
+-- and folds its coalesced requests into the history first; a new record
+-- writes only the fields that are not empty.
+-- r: {task, streams, hist, key, subject, run_id, stages, max_attempts,
+--     sources, source, now, exists, co}
+local function new_run(r)
+  local lane = lane_for(r.sources)
+  local id = redis.call('XADD', r.streams[lane], '*', 'key', r.key, 'runId', r.run_id, 'source', r.source)
+  if r.exists then
+    co_fold(r.task, r.hist, r.co)
+    redis.call('HSET', r.task, 'runId', r.run_id, 'status', 'queued', 'stages', r.stages, 'done', 0,
+      'stage', '', 'cursor', '', 'attempt', 0, 'maxAttempts', r.max_attempts, 'sources', r.sources,
+      'owner', '', 'requestedAt', r.now, 'startedAt', '', 'updatedAt', r.now, 'finishedAt', '',
+      'nextAttemptAt', '', 'lastError', '', 'cancel', '0', 'followUp', '0', 'followUpSources', '',
+      'entry', id, 'lane', lane, 'waiting', '')
+    redis.call('PERSIST', r.task)
+    redis.call('PERSIST', r.hist)
+  else
+    redis.call('HSET', r.task, 'key', r.key, 'subject', r.subject, 'scope', string.sub(r.key, #r.subject + 2),
+      'runId', r.run_id, 'status', 'queued', 'stages', r.stages, 'done', 0, 'attempt', 0,
+      'maxAttempts', r.max_attempts, 'sources', r.sources, 'requestedAt', r.now, 'updatedAt', r.now,
+      'entry', id, 'lane', lane)
+  end
   return id
 end
+
+-- FT_FIELDS are the record fields finish_terminal reads (callers that
+-- already read them pass the HMGET reply, in this order, as rec).
+local FT_FIELDS = {'entry', 'runId', 'key', 'followUp', 'followUpSources', 'stages', 'maxAttempts',
+  'stage', 'owner', 'token', 'lane', 'co', 'cancel', 'nextAttemptAt', 'waiting', 'lastError', 'subject'}
 
 -- finish_terminal ends the current run as done, failed or cancelled: it
 -- acknowledges its request, records the result, and starts the queued
@@ -153,29 +268,46 @@ end
 -- definition (c.stages, c.max_attempts, from the caller's registry), not the
 -- ended run's; c.stages '' (a caller that does not define the job) keeps the
 -- ended run's. The caller has already released (or never held) the lease.
--- c: {task, stream, hist, index, group, cap, channel, retention, next_run_id,
+-- before: an encoded event appended just before the result's (or nil).
+-- c: {task, streams, hist, index, group, cap, retention, next_run_id,
 --     stages, max_attempts, now}
-local function finish_terminal(c, result, err)
-  local rec = redis.call('HMGET', c.task, 'entry', 'runId', 'key', 'followUp', 'followUpSources',
-    'stages', 'maxAttempts', 'stage', 'owner', 'token')
-  ack_entry(c.stream, c.group, rec[1])
-  local fields = {'status', result, 'finishedAt', c.now, 'updatedAt', c.now, 'stage', '',
-    'lastError', err or '', 'cancel', '0', 'entry', '', 'nextAttemptAt', '', 'waiting', ''}
+local function finish_terminal(c, result, err, rec, before)
+  rec = rec or redis.call('HMGET', c.task, unpack(FT_FIELDS))
+  ack_entry(c.streams[rec[11] or 'b'] or c.streams.b, c.group, rec[1])
+  err = err or ''
+  local fields = {'status', result, 'finishedAt', c.now, 'updatedAt', c.now, 'entry', ''}
+  local function clear(i, name, empty)
+    if rec[i] and rec[i] ~= empty then
+      fields[#fields + 1] = name
+      fields[#fields + 1] = empty
+    end
+  end
+  clear(8, 'stage', '')
+  clear(13, 'cancel', '0')
+  clear(14, 'nextAttemptAt', '')
+  clear(15, 'waiting', '')
+  if err ~= '' or (rec[16] and rec[16] ~= '') then
+    fields[#fields + 1] = 'lastError'
+    fields[#fields + 1] = err
+  end
   if result == 'done' then
     fields[#fields + 1] = 'lastSuccessAt'
     fields[#fields + 1] = c.now
   end
   redis.call('HSET', c.task, unpack(fields))
-  hist_add(c.hist, c.cap, c.now, result, rec[2], {'stage', rec[8] or '', 'error', err or '',
-    'owner', rec[9] or '', 'fencingToken', rec[10] or ''})
+  local ev = hist_entry(c.now, result, rec[2], {stage = rec[8] or '', error = err, owner = rec[9] or '',
+    token = rec[10] or ''})
+  if before then hist_push(c.hist, c.cap, before, ev) else hist_push(c.hist, c.cap, ev) end
   redis.call('ZADD', c.index, c.now, rec[3])
   if rec[4] == '1' and c.next_run_id ~= '' then
     local srcs = rec[5]
     local first = split(srcs, ',')[1] or 'manual'
     local stages, max_attempts = rec[6], rec[7]
     if c.stages and c.stages ~= '' then stages, max_attempts = c.stages, c.max_attempts end
-    new_run(c.task, c.stream, c.hist, rec[3], c.next_run_id, stages, max_attempts, srcs, first, c.now)
-    hist_add(c.hist, c.cap, c.now, 'requested', c.next_run_id, {'source', first, 'outcome', 'started'})
+    new_run({task = c.task, streams = c.streams, hist = c.hist, key = rec[3], subject = rec[17],
+      run_id = c.next_run_id, stages = stages, max_attempts = max_attempts, sources = srcs, source = first,
+      now = c.now, exists = true, co = rec[12]})
+    hist_add(c.hist, c.cap, c.now, 'requested', c.next_run_id, {source = first, outcome = 'started'})
   elseif tonumber(c.retention) > 0 then
     redis.call('PEXPIRE', c.task, c.retention)
     redis.call('PEXPIRE', c.hist, c.retention)
@@ -188,9 +320,15 @@ local function cancel_payload(key, run_id)
   return key .. ' ' .. run_id
 end
 
+-- POLICY_OUTCOME: the outcome of a request on an active run, by policy,
+-- for the policies whose repeats are coalesced.
+local POLICY_OUTCOME = {join = 'joined', skip = 'skipped', queue = 'queued'}
+
 -- submit_one routes one TaskStartRequest (see submit.lua for the rules).
--- Dedup is by task key only; the source is recorded, never compared.
--- a: {task, hist, stream, index, subjects, retry, watch (keys);
+-- Dedup is by task key only; the source is recorded, never compared. A
+-- request that changes nothing (a repeated join, skip, queue or throttle)
+-- reads the record once and writes one field.
+-- a: {task, hist, streams, index, subjects, retry, watch (keys);
 --     key, subject, source, policy, run_id, stages, max_attempts,
 --     min_interval (ms), cap, events, cancels, group, retention (ms),
 --     occ_field, occ (a schedule occurrence: '' for none), now}
@@ -199,77 +337,113 @@ end
 -- occurrence (unix seconds) — this occurrence already reached the key, or a
 -- newer one did; nothing is written.
 local function submit_one(a)
-  local task, hist, now = a.task, a.hist, a.now
+  local task, hist, now, src = a.task, a.hist, a.now, a.source
+  local rec = redis.call('HMGET', task, 'status', 'runId', 'lastSuccessAt', 'sources', 'followUpSources',
+    'lane', 'entry', 'co', co_field(src, POLICY_OUTCOME[a.policy] or 'replaced'), co_field(src, 'throttled'),
+    a.occ ~= '' and a.occ_field or 'runId', 'subject')
   -- A repeat of this occurrence, or a late batch of an older one (a leader
   -- paused past its term), writes nothing: occurrences only move forward.
-  if a.occ ~= '' and (tonumber(redis.call('HGET', task, a.occ_field)) or -1) >= tonumber(a.occ) then
+  if a.occ ~= '' and (tonumber(rec[11]) or -1) >= tonumber(a.occ) then
     return 'duplicate'
   end
-  -- "subjects: all" means every subject people or apps asked for within
-  -- the retention: schedule requests do not keep a subject in the set.
-  if a.source ~= 'schedule' then redis.call('ZADD', a.subjects, now, a.subject) end
-  local outcome
-  local rec = redis.call('HMGET', task, 'status', 'runId', 'lastSuccessAt', 'sources', 'followUpSources')
-  local status = rec[1]
+  local status, cur = rec[1], rec[2]
   local active = status == 'queued' or status == 'running' or status == 'retrying'
-  local cur = rec[2]
+  local set = {} -- fields of the record written by one HSET at the end
+  local function put(f, v)
+    set[#set + 1] = f
+    set[#set + 1] = v
+  end
+  local function coalesce(event, outcome, co_value)
+    local f, v, new = hist_request(hist, a.cap, now, event, cur or '', src, outcome, co_value)
+    put(f, v)
+    if new then put('co', list_add(rec[8], f)) end
+  end
+  -- "subjects: all" means every subject people or apps asked for within
+  -- the retention (schedule requests do not keep a subject in the set). It
+  -- is written when a run starts and when a source first joins a run, not
+  -- for every repeat.
+  local function seen()
+    if src ~= 'schedule' then redis.call('ZADD', a.subjects, now, a.subject) end
+  end
+  local outcome
+  local changed = false -- whether the view changed (published only then)
   if not active then
     local last = tonumber(rec[3])
-    if a.min_interval > 0 and last and (a.source == 'schedule' or a.source == 'foreground')
+    if a.min_interval > 0 and last and (src == 'schedule' or src == 'foreground')
         and now - last < a.min_interval then
-      hist_add(hist, a.cap, now, 'throttled', cur or '', {'source', a.source, 'outcome', 'throttled'})
+      coalesce('throttled', 'throttled', rec[10])
       outcome = 'throttled'
     else
-      if not status then
-        redis.call('HSET', task, 'key', a.key, 'subject', a.subject, 'scope', string.sub(a.key, #a.subject + 2))
-      end
-      new_run(task, a.stream, hist, a.key, a.run_id, a.stages, a.max_attempts, a.source, a.source, now)
-      hist_add(hist, a.cap, now, 'requested', a.run_id, {'source', a.source, 'outcome', 'started'})
+      new_run({task = task, streams = a.streams, hist = hist, key = a.key, subject = a.subject,
+        run_id = a.run_id, stages = a.stages, max_attempts = a.max_attempts, sources = src, source = src,
+        now = now, exists = status ~= false, co = rec[8]})
+      hist_add(hist, a.cap, now, 'requested', a.run_id, {source = src, outcome = 'started'})
       redis.call('ZADD', a.index, now, a.key)
-      publish_view(task, a.events, a.watch)
-      outcome = 'started'
+      seen()
+      outcome, changed = 'started', true
     end
   elseif a.policy == 'join' then
-    redis.call('HSET', task, 'sources', add_source(rec[4], a.source), 'updatedAt', now)
-    hist_add(hist, a.cap, now, 'joined', cur, {'source', a.source, 'outcome', 'joined'})
-    publish_view(task, a.events, a.watch)
+    local srcs = list_add(rec[4], src)
+    if srcs ~= rec[4] then
+      put('sources', srcs)
+      seen()
+      changed = true
+    end
+    coalesce('joined', 'joined', rec[9])
+    -- A person joining a queued bulk run promotes it to the people lane.
+    if is_person(src) and status == 'queued' and rec[6] ~= 'p' then
+      ack_entry(a.streams.b, a.group, rec[7])
+      put('entry', redis.call('XADD', a.streams.p, '*', 'key', a.key, 'runId', cur, 'source', src))
+      put('lane', 'p')
+      changed = true
+    end
+    if changed then put('updatedAt', now) end
     outcome = 'joined'
   elseif a.policy == 'skip' then
-    hist_add(hist, a.cap, now, 'skipped', cur, {'source', a.source, 'outcome', 'skipped'})
+    coalesce('skipped', 'skipped', rec[9])
     outcome = 'skipped'
   elseif a.policy == 'queue' then
-    redis.call('HSET', task, 'followUp', '1', 'followUpSources', add_source(rec[5], a.source), 'updatedAt', now)
-    hist_add(hist, a.cap, now, 'requested', cur, {'source', a.source, 'outcome', 'queued'})
-    publish_view(task, a.events, a.watch)
-    outcome = 'queued'
+    put('followUp', '1')
+    put('followUpSources', list_add(rec[5], src))
+    put('updatedAt', now)
+    coalesce('requested', 'queued', rec[9])
+    outcome, changed = 'queued', true
   else
     -- replace: the active run is cancelled through the registry and a
     -- fresh run follows. A run nobody executes (queued, or waiting for its
     -- retry backoff) is ended here; a running one is flagged, and its
     -- holder ends it as cancelled, which starts the follow-up.
-    hist_add(hist, a.cap, now, 'requested', cur, {'source', a.source, 'outcome', 'replaced'})
-    redis.call('HSET', task, 'followUp', '1', 'followUpSources', a.source)
+    hist_add(hist, a.cap, now, 'requested', cur, {source = src, outcome = 'replaced'})
+    redis.call('HSET', task, 'followUp', '1', 'followUpSources', src)
     if status == 'running' then
-      redis.call('HSET', task, 'cancel', '1', 'updatedAt', now)
-      publish_view(task, a.events, a.watch)
+      put('cancel', '1')
+      put('updatedAt', now)
       redis.call('PUBLISH', a.cancels, cancel_payload(a.key, cur))
     else
       redis.call('ZREM', a.retry, cur .. ' ' .. a.key)
-      finish_terminal({task = task, stream = a.stream, hist = hist, index = a.index, group = a.group, cap = a.cap,
-        channel = a.events, retention = a.retention, next_run_id = a.run_id, stages = a.stages,
+      finish_terminal({task = task, streams = a.streams, hist = hist, index = a.index, group = a.group, cap = a.cap,
+        retention = a.retention, next_run_id = a.run_id, stages = a.stages,
         max_attempts = a.max_attempts, now = now}, 'cancelled', 'replaced')
-      publish_view(task, a.events, a.watch)
     end
-    outcome = 'replaced'
+    outcome, changed = 'replaced', true
   end
-  if a.occ ~= '' then redis.call('HSET', task, a.occ_field, a.occ) end
+  if a.occ ~= '' then put(a.occ_field, a.occ) end
+  if #set > 0 then redis.call('HSET', task, unpack(set)) end
+  if changed then publish_view(task, a.events, a.watch) end
   return outcome
 end
+
+-- VIEW_FIELDS are the record fields a TaskView shows, in the order of
+-- jobs.viewFields (submit.lua replies with them instead of the whole
+-- record).
+local VIEW_FIELDS = {'runId', 'status', 'stage', 'stages', 'done', 'attempt', 'maxAttempts', 'sources',
+  'owner', 'token', 'requestedAt', 'startedAt', 'updatedAt', 'finishedAt', 'nextAttemptAt', 'lastError',
+  'cancel', 'followUp', 'waiting'}
 
 -- recovery_mode mirrors checkpoints.Decide for the history event of a
 -- recovered run: restart, resume or skip.
 local function recovery_mode(done, cursor, n_stages)
-  if done == 0 and (cursor == nil or cursor == '') then return 'restart' end
+  if done == 0 and (cursor == nil or cursor == false or cursor == '') then return 'restart' end
   if done >= n_stages then return 'skip' end
   return 'resume'
 end

@@ -5,10 +5,10 @@
 -- seconds) and a repeat of it — or of an older one — is answered
 -- "duplicate" and writes nothing,
 -- so a fan-out resumed after a crash gives every subject exactly one request.
--- KEYS[1] partition request stream   KEYS[2] partition index
+-- KEYS[1] partition bulk request stream   KEYS[2] partition index
 -- KEYS[3] partition subjects of the scope (zset)   KEYS[4] partition retry queue
--- KEYS[5] partition watch key
--- KEYS[4+2i] task record of subject i   KEYS[5+2i] its history   (i = 1..n)
+-- KEYS[5] partition watch key   KEYS[6] partition people request stream
+-- KEYS[5+2i] task record of subject i   KEYS[6+2i] its history   (i = 1..n)
 -- ARGV[1] scope   ARGV[2] source   ARGV[3] policy   ARGV[4] stages (comma list)
 -- ARGV[5] maxAttempts   ARGV[6] minInterval (ms)   ARGV[7] history cap
 -- ARGV[8] events channel   ARGV[9] cancel channel   ARGV[10] group
@@ -18,10 +18,11 @@
 -- returns the outcomes, one per subject, in order
 local now = now_ms()
 local out = {}
-local n = (#KEYS - 5) / 2
+local n = (#KEYS - 6) / 2
+local streams = {b = KEYS[1], p = KEYS[6]}
 for i = 1, n do
   local subject = ARGV[12 + 2 * i]
-  out[i] = submit_one({task = KEYS[4 + 2 * i], hist = KEYS[5 + 2 * i], stream = KEYS[1], index = KEYS[2],
+  out[i] = submit_one({task = KEYS[5 + 2 * i], hist = KEYS[6 + 2 * i], streams = streams, index = KEYS[2],
     subjects = KEYS[3], retry = KEYS[4], watch = KEYS[5],
     key = subject .. '|' .. ARGV[1], subject = subject, source = ARGV[2], policy = ARGV[3],
     run_id = ARGV[13 + 2 * i], stages = ARGV[4], max_attempts = ARGV[5], min_interval = tonumber(ARGV[6]),

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"math/rand/v2"
 	"net/http"
@@ -415,9 +416,9 @@ type grant struct {
 
 // schedReq is a request event with source schedule in a key's history.
 type schedReq struct {
-	at, count int64
-	event     string
-	outcome   string
+	at, last, count int64 // first and last request (coalesced repeats), how many
+	event           string
+	outcome         string
 }
 
 // keyData is what one key's Redis state says, compactly.
@@ -426,14 +427,13 @@ type keyData struct {
 	sched  []schedReq // chronological
 	first  int64      // at of the oldest history event kept (0: none)
 	events int
-	fence  int64 // fence counter
 	lease  int64 // token of the lease, 0 if none
 	task   int64 // token in the run record, 0 if none
 }
 
 // known reports the tokens this key's state names.
 func (d *keyData) tokens() []int64 {
-	out := []int64{d.fence, d.lease, d.task}
+	out := []int64{d.lease, d.task}
 	for _, g := range d.grants {
 		out = append(out, g.token)
 	}
@@ -446,51 +446,67 @@ func fieldInt(f map[string]any, k string) int64 {
 	return n
 }
 
-// readKeys reads the history, fence, lease and record token of every key,
-// pipelined in chunks.
+// historyReader returns a Registry that reads the histories of keys (it
+// knows their scopes; it never runs or submits anything).
+func historyReader(rdb *redis.Client, ks *keyspace.Space, keys []taskkey.Key) (*jobs.Registry, error) {
+	var js []jobs.Job
+	seen := map[string]bool{}
+	for _, k := range keys {
+		if !seen[k.Scope()] {
+			seen[k.Scope()] = true
+			js = append(js, jobs.Job{Scope: k.Scope(), Stages: []jobs.Stage{{Name: "read", Handler: jobs.HandlerFunc(
+				func(context.Context, *jobs.Run) error { return nil })}}})
+		}
+	}
+	return jobs.NewRegistry(rdb, jobs.Config{Prefix: ks.Prefix(), Partitions: ks.Partitions(), Jobs: js,
+		HistoryCap: chaosHistoryCap, Logger: slog.New(slog.DiscardHandler)})
+}
+
+// readKeys reads the history (with coalesced counts), lease and record
+// token of every key.
 func readKeys(ctx context.Context, rdb *redis.Client, ks *keyspace.Space, keys []taskkey.Key) (map[string]*keyData, error) {
+	reg, err := historyReader(rdb, ks, keys)
+	if err != nil {
+		return nil, err
+	}
 	out := make(map[string]*keyData, len(keys))
 	const chunk = 32
 	for i := 0; i < len(keys); i += chunk {
 		part := keys[i:min(i+chunk, len(keys))]
 		pipe := rdb.Pipeline()
-		type cmds struct {
-			hist                *redis.XMessageSliceCmd
-			fence, lease, token *redis.StringCmd
-		}
+		type cmds struct{ lease, token *redis.StringCmd }
 		cs := make([]cmds, len(part))
 		for j, k := range part {
-			cs[j] = cmds{hist: pipe.XRange(ctx, ks.History(k), "-", "+"), fence: pipe.Get(ctx, ks.Fence(k)),
-				lease: pipe.Get(ctx, ks.Lease(k)), token: pipe.HGet(ctx, ks.Task(k), "token")}
+			cs[j] = cmds{lease: pipe.Get(ctx, ks.Lease(k)), token: pipe.HGet(ctx, ks.Task(k), "token")}
 		}
 		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 			return nil, err
 		}
 		for j, k := range part {
-			d := &keyData{}
-			msgs, _ := cs[j].hist.Result()
-			d.events = len(msgs)
-			for n, m := range msgs {
-				at := fieldInt(m.Values, "at")
+			evs, err := reg.History(ctx, k.Subject(), k.Scope(), chaosHistoryCap)
+			if err != nil {
+				return nil, err
+			}
+			slices.Reverse(evs) // chronological
+			d := &keyData{events: len(evs)}
+			for n, e := range evs {
+				at := e.At.UnixMilli()
 				if n == 0 {
 					d.first = at
 				}
-				ev, src := fieldStr(m.Values, "event"), fieldStr(m.Values, "source")
-				switch ev {
+				switch e.Event {
 				case "started", "recovered":
-					d.grants = append(d.grants, grant{at: at, token: fieldInt(m.Values, "fencingToken"), event: ev,
-						runID: fieldStr(m.Values, "runId"), source: src})
+					d.grants = append(d.grants, grant{at: at, token: e.FencingToken, event: e.Event, runID: e.RunID, source: e.Source})
 				case "requested", "joined", "skipped", "throttled":
-					if src == "schedule" {
-						cnt := fieldInt(m.Values, "count") // coalesced repeats, if the history has them
-						if cnt < 1 {
-							cnt = 1
+					if e.Source == "schedule" {
+						last := at
+						if e.LastAt != nil {
+							last = e.LastAt.UnixMilli()
 						}
-						d.sched = append(d.sched, schedReq{at: at, count: cnt, event: ev, outcome: fieldStr(m.Values, "outcome")})
+						d.sched = append(d.sched, schedReq{at: at, last: last, count: int64(e.Count), event: e.Event, outcome: e.Outcome})
 					}
 				}
 			}
-			d.fence, _ = strconv.ParseInt(cs[j].fence.Val(), 10, 64)
 			if v := cs[j].lease.Val(); v != "" {
 				d.lease, _ = strconv.ParseInt(strings.SplitN(v, "|", 2)[0], 10, 64)
 			}
@@ -503,18 +519,19 @@ func readKeys(ctx context.Context, rdb *redis.Client, ks *keyspace.Space, keys [
 
 // historyLines renders key's last n history events (newest last) for a
 // failure message.
-func historyLines(ctx context.Context, rdb *redis.Client, ks *keyspace.Space, k taskkey.Key, n int64) string {
-	msgs, err := rdb.XRevRangeN(ctx, ks.History(k), "+", "-", n).Result()
+func historyLines(ctx context.Context, rdb *redis.Client, ks *keyspace.Space, k taskkey.Key, n int) string {
+	reg, err := historyReader(rdb, ks, []taskkey.Key{k})
+	if err != nil {
+		return "  (history: " + err.Error() + ")\n"
+	}
+	evs, err := reg.History(ctx, k.Subject(), k.Scope(), n)
 	if err != nil {
 		return "  (history: " + err.Error() + ")\n"
 	}
 	var b strings.Builder
-	for i := len(msgs) - 1; i >= 0; i-- {
-		v := msgs[i].Values
-		at := time.UnixMilli(fieldInt(v, "at")).Format("15:04:05.000")
-		fmt.Fprintf(&b, "  history %s %-15s run=%s source=%s stage=%s outcome=%s owner=%s token=%s error=%q\n", at,
-			fieldStr(v, "event"), fieldStr(v, "runId"), fieldStr(v, "source"), fieldStr(v, "stage"),
-			fieldStr(v, "outcome"), fieldStr(v, "owner"), fieldStr(v, "fencingToken"), fieldStr(v, "error"))
+	for _, e := range slices.Backward(evs) {
+		fmt.Fprintf(&b, "  history %s %-15s run=%s source=%s stage=%s outcome=%s owner=%s token=%d count=%d error=%q\n",
+			e.At.Format("15:04:05.000"), e.Event, e.RunID, e.Source, e.Stage, e.Outcome, e.Owner, e.FencingToken, e.Count, e.Error)
 	}
 	if b.Len() == 0 {
 		return "  (no history)\n"

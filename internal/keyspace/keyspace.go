@@ -90,11 +90,51 @@ func (s *Space) Fence(k taskkey.Key) string { return s.taskKey("fence", k) }
 // Task is the key's run record and checkpoint (a hash).
 func (s *Space) Task(k taskkey.Key) string { return s.taskKey("task", k) }
 
-// History is the key's capped history stream.
-func (s *Space) History(k taskkey.Key) string { return s.taskKey("hist", k) }
+// History is the key's capped history: a list of compact events (see
+// lua/lib.lua hist_entry), oldest first.
+func (s *Space) History(k taskkey.Key) string { return s.taskKey("history", k) }
 
-// Requests is partition p's request stream, read by a consumer group.
+// LegacyHistory is where deployments before compact history kept a key's
+// history (a stream); read only while such a key still exists.
+func (s *Space) LegacyHistory(k taskkey.Key) string { return s.taskKey("hist", k) }
+
+// Lane is a request stream of a partition. Requests from people (manual,
+// foreground) go to the people lane, which runners read first; bulk work
+// (schedule, retry) to the bulk lane.
+type Lane int
+
+// Lanes of a partition.
+const (
+	LanePeople Lane = iota
+	LaneBulk
+)
+
+// Lanes returns the lanes in the order runners prefer them.
+func Lanes() [2]Lane { return [2]Lane{LanePeople, LaneBulk} }
+
+// Letter is the lane's name in run records and scripts ("p" or "b").
+func (l Lane) Letter() string {
+	if l == LanePeople {
+		return "p"
+	}
+	return "b"
+}
+
+// Requests is partition p's bulk request stream, read by a consumer group
+// (the name predates lanes, so queued entries of older deployments stay in
+// the bulk lane).
 func (s *Space) Requests(p int) string { return s.tags[p] + ":requests" }
+
+// PeopleRequests is partition p's people request stream.
+func (s *Space) PeopleRequests(p int) string { return s.tags[p] + ":requests:people" }
+
+// Stream returns lane l's request stream of partition p.
+func (s *Space) Stream(p int, l Lane) string {
+	if l == LanePeople {
+		return s.PeopleRequests(p)
+	}
+	return s.Requests(p)
+}
 
 // Retry is partition p's retry queue: a sorted set of task keys by due time.
 func (s *Space) Retry(p int) string { return s.tags[p] + ":retry" }

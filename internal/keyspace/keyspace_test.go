@@ -117,7 +117,8 @@ func TestKeysShareTag(t *testing.T) {
 			t.Fatalf("Tag(%d) = %q, want %q", p, s.Tag(p), tag)
 		}
 		keys := map[string]string{
-			"lease": s.Lease(k), "fence": s.Fence(k), "task": s.Task(k), "hist": s.History(k),
+			"lease": s.Lease(k), "fence": s.Fence(k), "task": s.Task(k), "history": s.History(k),
+			"hist": s.LegacyHistory(k),
 		}
 		for kind, key := range keys {
 			want := tag + ":" + kind + ":" + k.String()
