@@ -111,11 +111,15 @@ type Config struct {
 	// HistoryCap bounds each key's history (default
 	// HistoryCapDefault).
 	HistoryCap int
+	// Scripter runs the scripts (default: the Store's client). The engine
+	// passes a client that groups concurrent calls into shared round trips.
+	Scripter redis.Scripter
 }
 
 // Store reads and writes run records. Safe for concurrent use.
 type Store struct {
 	rdb                      redis.UniversalClient
+	scripter                 redis.Scripter
 	ks                       *keyspace.Space
 	histCap                  int
 	begin, advance, progress *redis.Script
@@ -136,8 +140,11 @@ func NewStore(rdb redis.UniversalClient, cfg Config) (*Store, error) {
 	if cfg.HistoryCap < 1 {
 		return nil, fmt.Errorf("%w: history cap %d", ErrConfig, cfg.HistoryCap)
 	}
+	if cfg.Scripter == nil {
+		cfg.Scripter = rdb
+	}
 	return &Store{
-		rdb: rdb, ks: ks, histCap: cfg.HistoryCap,
+		rdb: rdb, scripter: cfg.Scripter, ks: ks, histCap: cfg.HistoryCap,
 		begin:    lua.MustScript("checkpoint_begin"),
 		advance:  lua.MustScript("checkpoint_advance"),
 		progress: lua.MustScript("checkpoint_progress"),
@@ -189,7 +196,7 @@ func (s *Store) Begin(ctx context.Context, lease leasing.Lease, runID string, st
 	}
 	k := lease.Key
 	p := s.ks.Partition(k)
-	res, err := s.begin.Run(ctx, s.rdb,
+	res, err := s.begin.Run(ctx, s.scripter,
 		[]string{s.ks.Lease(k), s.ks.Task(k), s.ks.History(k), s.ks.Watch(p)},
 		lease.Owner, lease.Token, runID, strings.Join(stages, ","), s.histCap, s.ks.Events(p),
 		k.String(), k.Subject(), k.Scope()).Slice()
@@ -218,7 +225,7 @@ func (s *Store) Begin(ctx context.Context, lease leasing.Lease, runID string, st
 // or the record moved on, and ErrStageMismatch when stage is not current.
 func (s *Store) Advance(ctx context.Context, lease leasing.Lease, runID, stage string) (next string, err error) {
 	k := lease.Key
-	res, err := s.advance.Run(ctx, s.rdb,
+	res, err := s.advance.Run(ctx, s.scripter,
 		[]string{s.ks.Lease(k), s.ks.Task(k), s.ks.History(k), s.ks.Watch(s.ks.Partition(k))},
 		lease.Owner, lease.Token, runID, stage, s.histCap, s.ks.Events(s.ks.Partition(k))).Slice()
 	if err != nil {
@@ -238,7 +245,7 @@ func (s *Store) Advance(ctx context.Context, lease leasing.Lease, runID, stage s
 // SaveProgress stores cursor as the progress inside the current stage.
 func (s *Store) SaveProgress(ctx context.Context, lease leasing.Lease, runID string, cursor []byte) error {
 	k := lease.Key
-	n, err := s.progress.Run(ctx, s.rdb,
+	n, err := s.progress.Run(ctx, s.scripter,
 		[]string{s.ks.Lease(k), s.ks.Task(k), s.ks.History(k), s.ks.Watch(s.ks.Partition(k))},
 		lease.Owner, lease.Token, runID, cursor, s.histCap, s.ks.Events(s.ks.Partition(k))).Int()
 	if err != nil {

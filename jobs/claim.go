@@ -99,7 +99,7 @@ func (r *Runner) claimCall(p int, es []entry) *scriptCall {
 func (r *Runner) claim(ctx context.Context, p int, es []entry) ([]claimResult, error) {
 	c := r.claimCall(p, es)
 	sent := time.Now()
-	if err := evalPipelined(ctx, r.reg.rdb, []*scriptCall{c}, nil); err != nil {
+	if err := evalGrouped(ctx, r.reg.gc, []*scriptCall{c}); err != nil {
 		return nil, err
 	}
 	return r.decodeClaims(c.cmd, es, sent)

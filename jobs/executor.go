@@ -106,7 +106,7 @@ func (r *Runner) execute(lr *localRun, c claimResult) []entry {
 	ks := r.reg.ks
 	keeper, err := leasing.NewKeeper(runCtx, lease.GrantedAt, leasing.KeeperConfig{TTL: lease.TTL,
 		Renew: func(ctx context.Context) error {
-			res, err := r.reg.scripts.heartbeat.Run(ctx, r.reg.rdb,
+			res, err := r.reg.scripts.heartbeat.Run(ctx, r.reg.gc,
 				[]string{ks.Lease(k), ks.Task(k), ks.Stream(p, e.lane)},
 				lease.Owner, lease.Token, runID, lease.TTL.Milliseconds(), keyspace.Group, e.id).Slice()
 			if err != nil {

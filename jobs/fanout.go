@@ -101,7 +101,7 @@ func (r *Registry) SubmitMany(ctx context.Context, scope string, subjects []stri
 		}
 	}
 	// One pipelined round trip for the whole batch.
-	if err := evalPipelined(ctx, r.rdb, calls, nil); err != nil {
+	if err := evalGrouped(ctx, r.gc, calls); err != nil {
 		return nil, fmt.Errorf("jobs: submit many %s: %w", scope, err)
 	}
 	out := make([]Outcome, len(subjects))

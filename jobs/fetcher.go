@@ -98,7 +98,7 @@ func (r *Runner) fetchLoop(ctx context.Context, p int) {
 		}
 		n := 1 + r.tryAcquire(r.cfg.FetchBatch-1)
 		c := r.readCall(p, n)
-		es, err := []entry(nil), evalPipelined(ctx, r.reg.rdb, []*scriptCall{c}, nil)
+		es, err := []entry(nil), evalGrouped(ctx, r.reg.gc, []*scriptCall{c})
 		if err == nil {
 			es, err = r.decodeRead(ctx, p, c.cmd)
 		}

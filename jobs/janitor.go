@@ -80,7 +80,7 @@ func (r *Registry) janitor(ctx context.Context, p int, consumer string, idleLimi
 		keys = append(keys, ks.Task(k))
 		args = append(args, c)
 	}
-	res, err := r.scripts.janitor.Run(ctx, r.rdb, keys, args...).Int64Slice()
+	res, err := r.scripts.janitor.Run(ctx, r.gc, keys, args...).Int64Slice()
 	if err != nil {
 		return janitorCounts{}, err
 	}

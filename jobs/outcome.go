@@ -43,7 +43,7 @@ func (r *Runner) finish(job *Job, p int, lease leasing.Lease, runID, result, com
 		read = r.readCall(readP, 1)
 		calls = append(calls, read)
 	}
-	_ = evalPipelined(ctx, r.reg.rdb, calls, nil) // each reply is read below
+	_ = evalGrouped(ctx, r.reg.gc, calls) // each reply is read below
 	var next []entry
 	if read != nil {
 		var err error

@@ -115,7 +115,7 @@ func nextStreamID(id string) string {
 // moveRetries moves due retries of every partition back into the streams.
 func (r *Runner) moveRetries(ctx context.Context) {
 	for p := range r.reg.ks.Partitions() {
-		err := r.reg.scripts.retryMove.Run(ctx, r.reg.rdb,
+		err := r.reg.scripts.retryMove.Run(ctx, r.reg.gc,
 			[]string{r.reg.ks.Retry(p), r.reg.ks.Requests(p)}, 100).Err()
 		if err != nil && ctx.Err() == nil {
 			r.log.Warn("retry mover failed", slog.Int("partition", p), slog.Any("error", err))

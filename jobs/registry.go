@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tasklease/tasklease/checkpoints"
+	"github.com/tasklease/tasklease/internal/groupcommit"
 	"github.com/tasklease/tasklease/internal/keyspace"
 	"github.com/tasklease/tasklease/leasing"
 	"github.com/tasklease/tasklease/lua"
@@ -59,6 +60,7 @@ type Config struct {
 // concurrent use; cheap enough to share per process.
 type Registry struct {
 	rdb       redis.UniversalClient
+	gc        *groupcommit.Client // scripts go through it: concurrent calls share round trips
 	ks        *keyspace.Space
 	histCap   int
 	retention time.Duration
@@ -98,8 +100,12 @@ func NewRegistry(rdb redis.UniversalClient, cfg Config) (*Registry, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	gc, err := groupcommit.New(rdb, groupcommit.Config{})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
 	r := &Registry{
-		rdb: rdb, ks: ks, histCap: cfg.HistoryCap, retention: cfg.Retention,
+		rdb: rdb, gc: gc, ks: ks, histCap: cfg.HistoryCap, retention: cfg.Retention,
 		jobs: make(map[string]*Job, len(cfg.Jobs)), stagesCSV: make(map[string]string, len(cfg.Jobs)),
 		log: cfg.Logger, metrics: newMetrics(), hub: newHub(rdb),
 		scripts: scripts{
@@ -131,7 +137,8 @@ func NewRegistry(rdb redis.UniversalClient, cfg Config) (*Registry, error) {
 	if r.leases, err = leasing.NewManager(rdb, leasing.Config{Prefix: ks.Prefix(), Partitions: ks.Partitions(), FenceTTL: cfg.Retention}); err != nil {
 		return nil, err
 	}
-	if r.store, err = checkpoints.NewStore(rdb, checkpoints.Config{Prefix: ks.Prefix(), Partitions: ks.Partitions(), HistoryCap: cfg.HistoryCap}); err != nil {
+	if r.store, err = checkpoints.NewStore(rdb, checkpoints.Config{Prefix: ks.Prefix(), Partitions: ks.Partitions(),
+		HistoryCap: cfg.HistoryCap, Scripter: gc}); err != nil {
 		return nil, err
 	}
 	if cfg.Metrics != nil {
@@ -212,7 +219,7 @@ func (r *Registry) Submit(ctx context.Context, subject, scope string, opts Submi
 		return SubmitResult{}, err
 	}
 	p := r.ks.Partition(k)
-	res, err := r.scripts.submit.Run(ctx, r.rdb,
+	res, err := r.scripts.submit.Run(ctx, r.gc,
 		[]string{r.ks.Task(k), r.ks.Requests(p), r.ks.History(k), r.ks.Index(p), r.ks.Subjects(p, scope), r.ks.Retry(p), r.ks.Watch(p), r.ks.PeopleRequests(p)},
 		k.String(), subject, string(opts.Source), string(opts.Policy), newRunID(),
 		r.stagesCSV[scope], job.Retry.MaxAttempts, job.MinInterval.Milliseconds(),
@@ -406,7 +413,7 @@ func (r *Registry) Cancel(ctx context.Context, subject, scope string) (CancelOut
 		return "", err
 	}
 	p := r.ks.Partition(k)
-	res, err := r.scripts.cancel.Run(ctx, r.rdb,
+	res, err := r.scripts.cancel.Run(ctx, r.gc,
 		[]string{r.ks.Task(k), r.ks.Requests(p), r.ks.History(k), r.ks.Index(p), r.ks.Retry(p), r.ks.Watch(p), r.ks.PeopleRequests(p)},
 		keyspace.Group, r.histCap, r.ks.Events(p), r.ks.Cancels(p), r.retention.Milliseconds(), "registry").Text()
 	if err != nil {

@@ -5,32 +5,34 @@ import (
 	"fmt"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/tasklease/tasklease/internal/groupcommit"
 )
 
-// scriptCall is one script invocation sent in a pipeline.
+// scriptCall is one script invocation sent with others in one round trip.
 type scriptCall struct {
 	script *redis.Script
 	keys   []string
 	args   []any
-	cmd    *redis.Cmd // the reply, after evalPipelined
+	cmd    *redis.Cmd // the reply, after evalGrouped
 }
 
-// evalPipelined sends calls (and extra, commands that are not scripts) in
-// one pipelined round trip of EVALSHAs. After a SCRIPT FLUSH or a Redis
-// restart the calls answered NOSCRIPT did nothing, so they are sent again
-// once their script is loaded — never a call that ran. The error is the
-// first call's error; each call's reply is in its cmd.
-func evalPipelined(ctx context.Context, rdb redis.UniversalClient, calls []*scriptCall, extra func(redis.Pipeliner)) error {
+// evalGrouped sends calls together, in one pipeline shared with whatever
+// else this process sends meanwhile (groupcommit). After a SCRIPT FLUSH or
+// a Redis restart the calls answered NOSCRIPT did nothing, so they are sent
+// again once their script is loaded — never a call that ran. The error is
+// the first call's error; each call's reply is in its cmd.
+func evalGrouped(ctx context.Context, gc *groupcommit.Client, calls []*scriptCall) error {
 	todo := calls
 	for attempt := 0; len(todo) > 0; attempt++ {
-		pipe := rdb.Pipeline()
-		for _, c := range todo {
-			c.cmd = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
+		cmds := make([]redis.Cmder, len(todo))
+		for i, c := range todo {
+			c.cmd = groupcommit.NewEvalSha(ctx, c.script.Hash(), c.keys, c.args...)
+			cmds[i] = c.cmd
 		}
-		if extra != nil && attempt == 0 {
-			extra(pipe)
+		if err := gc.Do(ctx, cmds...); err != nil {
+			return err
 		}
-		_, _ = pipe.Exec(ctx) // errors are read per command below
 		var again []*scriptCall
 		loaded := map[*redis.Script]bool{}
 		for _, c := range todo {
@@ -38,7 +40,7 @@ func evalPipelined(ctx context.Context, rdb redis.UniversalClient, calls []*scri
 				continue
 			}
 			if !loaded[c.script] {
-				if err := c.script.Load(ctx, rdb).Err(); err != nil {
+				if err := c.script.Load(ctx, gc).Err(); err != nil {
 					return fmt.Errorf("load script: %w", err)
 				}
 				loaded[c.script] = true

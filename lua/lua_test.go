@@ -83,8 +83,29 @@ func TestSourceAndScript(t *testing.T) {
 			t.Fatalf("Source(%s): %v", name, err)
 		}
 		body, _ := files.ReadFile(name + ".lua")
-		if !strings.HasPrefix(src, string(lib)) || !strings.HasSuffix(src, string(body)) {
-			t.Errorf("Source(%s) is not lib.lua followed by %s.lua", name, name)
+		if !strings.HasSuffix(src, string(body)) {
+			t.Errorf("Source(%s) does not end with %s.lua", name, name)
+		}
+		// Every helper included is lib.lua's text, and every helper the
+		// script (or an included helper) calls is included.
+		prelude := strings.TrimSuffix(src, string(body))
+		for _, m := range topDef.FindAllStringSubmatch(prelude, -1) {
+			if !strings.Contains(string(lib), m[0]) {
+				t.Errorf("Source(%s) defines %s, not from lib.lua", name, m[1])
+			}
+		}
+		defined := map[string]bool{}
+		for _, m := range topDef.FindAllStringSubmatch(string(lib), -1) {
+			defined[m[1]] = true
+		}
+		have := map[string]bool{}
+		for _, m := range topDef.FindAllStringSubmatch(prelude, -1) {
+			have[m[1]] = true
+		}
+		for _, w := range ident.FindAllString(uncommented(prelude+string(body)), -1) {
+			if defined[w] && !have[w] {
+				t.Errorf("Source(%s) uses helper %s without including it", name, w)
+			}
 		}
 		s, err := Script(name)
 		if err != nil || s == nil {

@@ -1,0 +1,192 @@
+// Package groupcommit shares Redis round trips among goroutines: script
+// calls made concurrently by many goroutines of one process (submits,
+// claims, heartbeats, finishes) are sent together in one pipeline, so Redis
+// reads and answers them with one system call each way instead of one per
+// call — at high concurrency that is a large part of Redis's CPU time.
+//
+// There is no timer: a call made while no pipeline is in flight is sent at
+// once, so an idle system sees no added latency; calls made while up to
+// MaxInFlight pipelines are in flight wait for the next one. Flushing
+// goroutines start when work arrives and exit when there is none, so a
+// Client needs no Close.
+//
+// Client implements redis.Scripter: pass it to (*redis.Script).Run, whose
+// EVALSHA-then-EVAL fallback works unchanged. Blocking commands must not go
+// through it.
+package groupcommit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Defaults.
+const (
+	// MaxInFlightDefault pipelines may be in flight at once: while one
+	// waits for Redis, the next one collects calls.
+	MaxInFlightDefault = 2
+	// MaxBatchDefault bounds the calls of one pipeline.
+	MaxBatchDefault = 256
+)
+
+// ErrConfig is wrapped by New's errors.
+var ErrConfig = errors.New("groupcommit: invalid config")
+
+// Config configures a Client.
+type Config struct {
+	// MaxInFlight (default MaxInFlightDefault).
+	MaxInFlight int
+	// MaxBatch (default MaxBatchDefault).
+	MaxBatch int
+}
+
+// Client sends the commands given to it concurrently in shared pipelines.
+// Safe for concurrent use.
+type Client struct {
+	rdb redis.UniversalClient
+	cfg Config
+
+	mu       sync.Mutex
+	pending  []*group
+	inFlight int // flushing goroutines running
+}
+
+// group is the commands of one Do call: sent in the same pipeline.
+type group struct {
+	cmds []redis.Cmder
+	done chan struct{}
+}
+
+// New returns a Client on rdb.
+func New(rdb redis.UniversalClient, cfg Config) (*Client, error) {
+	if rdb == nil {
+		return nil, fmt.Errorf("%w: nil redis client", ErrConfig)
+	}
+	if cfg.MaxInFlight == 0 {
+		cfg.MaxInFlight = MaxInFlightDefault
+	}
+	if cfg.MaxBatch == 0 {
+		cfg.MaxBatch = MaxBatchDefault
+	}
+	if cfg.MaxInFlight < 1 || cfg.MaxBatch < 1 {
+		return nil, fmt.Errorf("%w: MaxInFlight %d and MaxBatch %d must be positive", ErrConfig, cfg.MaxInFlight, cfg.MaxBatch)
+	}
+	return &Client{rdb: rdb, cfg: cfg}, nil
+}
+
+// Do sends cmds in one pipeline, shared with whatever other goroutines
+// send meanwhile, and returns when they have been answered (each cmd holds
+// its reply and error) or ctx ends. A command already handed to Redis when
+// ctx ends may still run, as with any request whose reply is not awaited.
+func (c *Client) Do(ctx context.Context, cmds ...redis.Cmder) error {
+	g := &group{cmds: cmds, done: make(chan struct{})}
+	c.mu.Lock()
+	c.pending = append(c.pending, g)
+	if c.inFlight < c.cfg.MaxInFlight {
+		c.inFlight++
+		go c.flushLoop()
+	}
+	c.mu.Unlock()
+	select {
+	case <-g.done:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// flushLoop sends pending groups until there are none.
+func (c *Client) flushLoop() {
+	for {
+		c.mu.Lock()
+		if len(c.pending) == 0 {
+			c.inFlight--
+			c.mu.Unlock()
+			return
+		}
+		var batch []*group
+		n := 0
+		for len(c.pending) > 0 && (n == 0 || n+len(c.pending[0].cmds) <= c.cfg.MaxBatch) {
+			g := c.pending[0]
+			c.pending[0] = nil
+			c.pending = c.pending[1:]
+			batch = append(batch, g)
+			n += len(g.cmds)
+		}
+		c.mu.Unlock()
+		c.flush(batch)
+	}
+}
+
+func (c *Client) flush(batch []*group) {
+	pipe := c.rdb.Pipeline()
+	for _, g := range batch {
+		for _, cmd := range g.cmds {
+			_ = pipe.Process(context.Background(), cmd)
+		}
+	}
+	// Errors are per command; callers read their own.
+	_, _ = pipe.Exec(context.Background())
+	for _, g := range batch {
+		close(g.done)
+	}
+}
+
+// do runs one command through Do.
+func (c *Client) do(ctx context.Context, args ...any) *redis.Cmd {
+	cmd := redis.NewCmd(ctx, args...)
+	if err := c.Do(ctx, cmd); err != nil {
+		cmd.SetErr(err)
+	}
+	return cmd
+}
+
+func evalArgs(name, script string, keys []string, args []any) []any {
+	out := make([]any, 0, 3+len(keys)+len(args))
+	out = append(out, name, script, len(keys))
+	for _, k := range keys {
+		out = append(out, k)
+	}
+	return append(out, args...)
+}
+
+// Eval implements redis.Scripter.
+func (c *Client) Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
+	return c.do(ctx, evalArgs("eval", script, keys, args)...)
+}
+
+// NewEvalSha returns an EVALSHA command to give to Do.
+func NewEvalSha(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd {
+	return redis.NewCmd(ctx, evalArgs("evalsha", sha1, keys, args)...)
+}
+
+// EvalSha implements redis.Scripter.
+func (c *Client) EvalSha(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd {
+	return c.do(ctx, evalArgs("evalsha", sha1, keys, args)...)
+}
+
+// EvalRO implements redis.Scripter.
+func (c *Client) EvalRO(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
+	return c.do(ctx, evalArgs("eval_ro", script, keys, args)...)
+}
+
+// EvalShaRO implements redis.Scripter.
+func (c *Client) EvalShaRO(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd {
+	return c.do(ctx, evalArgs("evalsha_ro", sha1, keys, args)...)
+}
+
+// ScriptExists implements redis.Scripter (not grouped).
+func (c *Client) ScriptExists(ctx context.Context, hashes ...string) *redis.BoolSliceCmd {
+	return c.rdb.ScriptExists(ctx, hashes...)
+}
+
+// ScriptLoad implements redis.Scripter (not grouped).
+func (c *Client) ScriptLoad(ctx context.Context, script string) *redis.StringCmd {
+	return c.rdb.ScriptLoad(ctx, script)
+}
+
+var _ redis.Scripter = (*Client)(nil)
