@@ -589,11 +589,11 @@ func clCrashResume(t *testing.T, clientA, clientB redis.UniversalClient, ttl tim
 }
 
 // withoutCoalesced returns a record's fields without those that count
-// coalesced requests ('co' and 'c:<source>:<outcome>').
+// coalesced requests ('co', 'c:<source>:<outcome>', 'n:<source>:<outcome>').
 func withoutCoalesced(f map[string]string) map[string]string {
 	out := make(map[string]string, len(f))
 	for k, v := range f {
-		if k != "co" && !strings.HasPrefix(k, "c:") {
+		if k != "co" && !strings.HasPrefix(k, "c:") && !strings.HasPrefix(k, "n:") {
 			out[k] = v
 		}
 	}

@@ -42,7 +42,7 @@ func parseEvent(s string) Event {
 
 // readHistory returns up to limit events of k, newest first, with the
 // counts of coalesced repeats that are still kept in the run record (see
-// co_field in lua/lib.lua). Keys written before compact history keep a
+// co_field and n_field in lua/lib.lua). Keys written before compact history keep a
 // stream, read as such until it expires.
 func readHistory(ctx context.Context, rdb redis.UniversalClient, ks *keyspace.Space, k taskkey.Key, limit int) ([]Event, error) {
 	pipe := rdb.Pipeline()
@@ -55,18 +55,26 @@ func readHistory(ctx context.Context, rdb redis.UniversalClient, ks *keyspace.Sp
 	if len(raw) == 0 {
 		return readLegacyHistory(ctx, rdb, ks, k, limit)
 	}
+	// Coalesced repeats not yet folded into the list: field c:<source>:<outcome>
+	// is "<runId> <event>", n:<source>:<outcome> is "<count> <lastAt>".
 	repeats := map[string][2]string{} // event as appended → count, lastAt
 	if fields := splitList(co.Val()); len(fields) > 0 {
-		vals, err := rdb.HMGet(ctx, ks.Task(k), fields...).Result()
+		all := make([]string, 0, 2*len(fields))
+		all = append(all, fields...)
+		for _, f := range fields {
+			all = append(all, "n"+strings.TrimPrefix(f, "c"))
+		}
+		vals, err := rdb.HMGet(ctx, ks.Task(k), all...).Result()
 		if err != nil {
 			return nil, err
 		}
-		for _, v := range vals {
-			s, _ := v.(string)
-			// "<runId> <count> <lastAt> <event>"
-			parts := strings.SplitN(s, " ", 4)
-			if len(parts) == 4 {
-				repeats[parts[3]] = [2]string{parts[1], parts[2]}
+		for i := range fields {
+			c, _ := vals[i].(string)
+			n, _ := vals[len(fields)+i].(string)
+			_, ev, ok1 := strings.Cut(c, " ")
+			count, last, ok2 := strings.Cut(n, " ")
+			if ok1 && ok2 {
+				repeats[ev] = [2]string{count, last}
 			}
 		}
 	}

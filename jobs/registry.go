@@ -61,6 +61,7 @@ type Config struct {
 type Registry struct {
 	rdb       redis.UniversalClient
 	gc        *groupcommit.Client // scripts go through it: concurrent calls share round trips
+	submits   *groupcommit.Combiner[*submitReq]
 	ks        *keyspace.Space
 	histCap   int
 	retention time.Duration
@@ -120,6 +121,7 @@ func NewRegistry(rdb redis.UniversalClient, cfg Config) (*Registry, error) {
 			retryMove:  lua.MustScript("retry_move"),
 		},
 	}
+	r.submits = groupcommit.NewCombiner(submitsInFlight, submitBatchMax, r.flushSubmits)
 	for i := range cfg.Jobs {
 		j := cfg.Jobs[i] // copy: defaults must not leak into the caller's slice
 		j.Stages = slices.Clone(j.Stages)
@@ -218,19 +220,15 @@ func (r *Registry) Submit(ctx context.Context, subject, scope string, opts Submi
 	if _, err := ParsePolicy(string(opts.Policy)); err != nil {
 		return SubmitResult{}, err
 	}
-	p := r.ks.Partition(k)
-	res, err := r.scripts.submit.Run(ctx, r.gc,
-		[]string{r.ks.Task(k), r.ks.Requests(p), r.ks.History(k), r.ks.Index(p), r.ks.Subjects(p, scope), r.ks.Retry(p), r.ks.Watch(p), r.ks.PeopleRequests(p)},
-		k.String(), subject, string(opts.Source), string(opts.Policy), newRunID(),
-		r.stagesCSV[scope], job.Retry.MaxAttempts, job.MinInterval.Milliseconds(),
-		r.histCap, r.ks.Events(p), r.ks.Cancels(p), keyspace.Group, r.retention.Milliseconds()).Slice()
-	if err != nil {
+	req := &submitReq{k: k, p: r.ks.Partition(k), args: [8]any{k.String(), subject, string(opts.Source), string(opts.Policy),
+		newRunID(), r.stagesCSV[scope], job.Retry.MaxAttempts, job.MinInterval.Milliseconds()}}
+	if err := r.submits.Add(ctx, req); err != nil {
 		return SubmitResult{}, fmt.Errorf("jobs: submit %s: %w", k, err)
 	}
-	if len(res) != 2 {
-		return SubmitResult{}, fmt.Errorf("jobs: submit %s: unexpected reply %v", k, res)
+	if req.err != nil {
+		return SubmitResult{}, fmt.Errorf("jobs: submit %s: %w", k, req.err)
 	}
-	out := SubmitResult{Outcome: Outcome(replyString(res[0])), Task: viewFromValues(k, res[1])}
+	out := SubmitResult{Outcome: Outcome(req.outcome), Task: viewFromReply(k, req.view)}
 	r.metrics.requests.WithLabelValues(scope, string(opts.Source), string(out.Outcome)).Inc()
 	r.log.LogAttrs(ctx, slog.LevelDebug, "request",
 		slog.String("task_key", k.String()), slog.String("run_id", out.Task.RunID),

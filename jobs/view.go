@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/tasklease/tasklease/checkpoints"
-	"github.com/tasklease/tasklease/taskkey"
 )
 
 // TaskView is what users see of a task: "already running, started 14:03,
@@ -84,23 +83,11 @@ func viewFromRecord(f map[string]string) TaskView {
 }
 
 // viewFields are the record fields a TaskView shows, in the order of
-// VIEW_FIELDS in lua/lib.lua: submit.lua replies with their values only.
+// VIEW_FIELDS in lua/lib.lua: submit.lua replies with their values only
+// (viewFromReply).
 var viewFields = []string{"runId", "status", "stage", "stages", "done", "attempt", "maxAttempts", "sources",
 	"owner", "token", "requestedAt", "startedAt", "updatedAt", "finishedAt", "nextAttemptAt", "lastError",
 	"cancel", "followUp", "waiting"}
-
-// viewFromValues builds the TaskView of k from the values of viewFields.
-func viewFromValues(k taskkey.Key, reply any) TaskView {
-	vals, _ := reply.([]any)
-	f := make(map[string]string, len(viewFields)+3)
-	f["key"], f["subject"], f["scope"] = k.String(), k.Subject(), k.Scope()
-	for i, name := range viewFields {
-		if i < len(vals) {
-			f[name] = replyString(vals[i])
-		}
-	}
-	return viewFromRecord(f)
-}
 
 func idleView(key, subject, scope string, stages []string) TaskView {
 	return TaskView{Key: key, Subject: subject, Scope: scope, Status: StatusIdle,

@@ -89,11 +89,24 @@ end
 -- Coalesced requests (DESIGN §3): of the requests that leave a run as it
 -- is (joined, skipped, queued, throttled), the first per (source,
 -- outcome) of a run appends an event; repeats only count. The record
--- field co_field(source, outcome) holds "<runId> <count> <lastAt> <event>"
--- with the event exactly as appended; field 'co' lists these fields.
--- Readers add count and lastAt to the matching event; co_fold writes them
--- into the list before the record moves on to another run.
+-- field co_field(source, outcome) holds "<runId> <event>", the event
+-- exactly as appended, and n_field(...) "<count> <lastAt>" once it was
+-- repeated; field 'co' lists the co fields. Readers add count and lastAt to
+-- the matching event; co_fold writes them into the list before the record
+-- moves on to another run. A repeat costs one HSET of a short field.
 local function co_field(source, outcome) return 'c:' .. source .. ':' .. outcome end
+local function n_field(source, outcome) return 'n:' .. source .. ':' .. outcome end
+
+-- co_of_run reports whether co value v belongs to run run_id.
+local function co_of_run(v, run_id)
+  return v and run_id and string.sub(v, 1, #run_id + 1) == run_id .. ' '
+end
+
+-- repeat_count is the n_field value after one more repeat.
+local function repeat_count(n_value, now)
+  local count = n_value and tonumber(string.match(n_value, '^%d+')) or 1
+  return (count + 1) .. ' ' .. now
+end
 
 -- split splits s on sep (a single plain character); "" gives {}.
 local function split(s, sep)
@@ -120,22 +133,18 @@ local function list_add(list, item)
   return list .. ',' .. item
 end
 
--- hist_request records a request that leaves run run_id as it is. co_value
--- is the record's current co_field(source, outcome). Appends an event only
--- for the first of its kind in the run. Returns the field, its new value,
--- and whether the field is new (the caller adds it to 'co'); the caller
--- writes them with its own HSET.
-local function hist_request(hist, cap, now, event, run_id, source, outcome, co_value)
-  local f = co_field(source, outcome)
-  if co_value then
-    local rid, count, ev = string.match(co_value, '^(%S*) (%d+) %d+ (.*)$')
-    if rid == run_id then
-      return f, rid .. ' ' .. (tonumber(count) + 1) .. ' ' .. now .. ' ' .. ev, false
-    end
+-- hist_request records a request that leaves run run_id as it is. c, n
+-- are the record's co_field and n_field values for (source, outcome).
+-- Appends an event only for the first of its kind in the run. Returns the
+-- field and value to write (the caller merges them into its HSET) and
+-- whether the co field is new (the caller adds it to 'co').
+local function hist_request(hist, cap, now, event, run_id, source, outcome, c, n)
+  if co_of_run(c, run_id) then
+    return n_field(source, outcome), repeat_count(n, now), false
   end
   local ev = hist_entry(now, event, run_id, {source = source, outcome = outcome})
   hist_push(hist, cap, ev)
-  return f, run_id .. ' 1 ' .. now .. ' ' .. ev, true
+  return co_field(source, outcome), run_id .. ' ' .. ev, true
 end
 
 -- co_fold writes the counts of the record's coalesced requests into their
@@ -143,17 +152,24 @@ end
 local function co_fold(task, hist, co_list)
   if not co_list or co_list == '' then return end
   local fields = split(co_list, ',')
-  local vals = redis.call('HMGET', task, unpack(fields))
+  local all = {}
   for i = 1, #fields do
-    if vals[i] then
-      local count, last, ev = string.match(vals[i], '^%S* (%d+) (%d+) (.*)$')
-      if ev and tonumber(count) > 1 then
+    all[i] = fields[i]
+    all[#fields + i] = 'n' .. string.sub(fields[i], 2)
+  end
+  local vals = redis.call('HMGET', task, unpack(all))
+  for i = 1, #fields do
+    local c, n = vals[i], vals[#fields + i]
+    if c and n then
+      local ev = string.match(c, '^%S* (.*)$')
+      local count, last = string.match(n, '^(%d+) (%d+)$')
+      if ev and count then
         local idx = redis.call('LPOS', hist, ev)
         if idx then redis.call('LSET', hist, idx, ev .. US .. count .. US .. last) end
       end
     end
   end
-  redis.call('HDEL', task, 'co', unpack(fields))
+  redis.call('HDEL', task, 'co', unpack(all))
 end
 
 -- publish_view publishes the task record (minus the binary cursor) as JSON
@@ -167,7 +183,8 @@ local function publish_view(task_key, channel, watch_key)
   local view = {}
   for i = 1, #flat, 2 do
     local f = flat[i]
-    if f ~= 'cursor' and f ~= 'co' and string.sub(f, 1, 2) ~= 'c:' then view[f] = flat[i + 1] end
+    local pre = string.sub(f, 1, 2)
+    if f ~= 'cursor' and f ~= 'co' and pre ~= 'c:' and pre ~= 'n:' then view[f] = flat[i + 1] end
   end
   redis.call('PUBLISH', channel, cjson.encode(view))
 end
@@ -324,6 +341,21 @@ end
 -- for the policies whose repeats are coalesced.
 local POLICY_OUTCOME = {join = 'joined', skip = 'skipped', queue = 'queued'}
 
+-- VIEW_FIELDS are the record fields a TaskView shows, in the order of
+-- jobs.viewFields (submit.lua replies with them instead of the whole
+-- record).
+local VIEW_FIELDS = {'runId', 'status', 'stage', 'stages', 'done', 'attempt', 'maxAttempts', 'sources',
+  'owner', 'token', 'requestedAt', 'startedAt', 'updatedAt', 'finishedAt', 'nextAttemptAt', 'lastError',
+  'cancel', 'followUp', 'waiting'}
+
+-- SUBMIT_READ: the record fields submit_one reads in its one HMGET: the
+-- view it replies with (VIEW_FIELDS, first, so a reply can be cut from the
+-- HMGET), then what it decides on.
+local SUBMIT_READ = {unpack(VIEW_FIELDS)}
+for _, f in ipairs({'lastSuccessAt', 'followUpSources', 'lane', 'entry', 'co', 'subject'}) do
+  SUBMIT_READ[#SUBMIT_READ + 1] = f
+end
+
 -- submit_one routes one TaskStartRequest (see submit.lua for the rules).
 -- Dedup is by task key only; the source is recorded, never compared. A
 -- request that changes nothing (a repeated join, skip, queue or throttle)
@@ -338,25 +370,47 @@ local POLICY_OUTCOME = {join = 'joined', skip = 'skipped', queue = 'queued'}
 -- newer one did; nothing is written.
 local function submit_one(a)
   local task, hist, now, src = a.task, a.hist, a.now, a.source
-  local rec = redis.call('HMGET', task, 'status', 'runId', 'lastSuccessAt', 'sources', 'followUpSources',
-    'lane', 'entry', 'co', co_field(src, POLICY_OUTCOME[a.policy] or 'replaced'), co_field(src, 'throttled'),
-    a.occ ~= '' and a.occ_field or 'runId', 'subject')
+  local po = POLICY_OUTCOME[a.policy] or 'replaced'
+  local want = {unpack(SUBMIT_READ)}
+  local nread = #want
+  want[nread + 1] = co_field(src, po)
+  want[nread + 2] = n_field(src, po)
+  want[nread + 3] = co_field(src, 'throttled')
+  want[nread + 4] = n_field(src, 'throttled')
+  want[nread + 5] = a.occ ~= '' and a.occ_field or 'runId'
+  local vals = redis.call('HMGET', task, unpack(want))
   -- A repeat of this occurrence, or a late batch of an older one (a leader
   -- paused past its term), writes nothing: occurrences only move forward.
-  if a.occ ~= '' and (tonumber(rec[11]) or -1) >= tonumber(a.occ) then
+  if a.occ ~= '' and (tonumber(vals[nread + 5]) or -1) >= tonumber(a.occ) then
     return 'duplicate'
   end
-  local status, cur = rec[1], rec[2]
+  local status, cur = vals[2], vals[1]
   local active = status == 'queued' or status == 'running' or status == 'retrying'
+  -- Fast path: a repeated join (of a source the run already has, needing no
+  -- promotion) or skip on an active run changes nothing but a counter.
+  if active and a.occ == '' and co_of_run(vals[nread + 1], cur) then
+    local fast = a.policy == 'skip'
+    if a.policy == 'join' then
+      fast = string.find(',' .. (vals[8] or '') .. ',', ',' .. src .. ',', 1, true) ~= nil
+        and not (is_person(src) and status == 'queued' and vals[nread - 3] ~= 'p')
+    end
+    if fast then
+      redis.call('HSET', task, n_field(src, po), repeat_count(vals[nread + 2], now))
+      return po, nil, vals
+    end
+  end
+  local r = {}
+  for i = 1, nread do r[SUBMIT_READ[i]] = vals[i] end
   local set = {} -- fields of the record written by one HSET at the end
   local function put(f, v)
     set[#set + 1] = f
     set[#set + 1] = v
+    if r then r[f] = v end
   end
-  local function coalesce(event, outcome, co_value)
-    local f, v, new = hist_request(hist, a.cap, now, event, cur or '', src, outcome, co_value)
+  local function coalesce(event, outcome, c, n)
+    local f, v, new = hist_request(hist, a.cap, now, event, cur or '', src, outcome, c, n)
     put(f, v)
-    if new then put('co', list_add(rec[8], f)) end
+    if new then put('co', list_add(r.co, f)) end
   end
   -- "subjects: all" means every subject people or apps asked for within
   -- the retention (schedule requests do not keep a subject in the set). It
@@ -368,31 +422,33 @@ local function submit_one(a)
   local outcome
   local changed = false -- whether the view changed (published only then)
   if not active then
-    local last = tonumber(rec[3])
+    local last = tonumber(r.lastSuccessAt)
     if a.min_interval > 0 and last and (src == 'schedule' or src == 'foreground')
         and now - last < a.min_interval then
-      coalesce('throttled', 'throttled', rec[10])
+      coalesce('throttled', 'throttled', vals[nread + 3], vals[nread + 4])
       outcome = 'throttled'
     else
       new_run({task = task, streams = a.streams, hist = hist, key = a.key, subject = a.subject,
         run_id = a.run_id, stages = a.stages, max_attempts = a.max_attempts, sources = src, source = src,
-        now = now, exists = status ~= false, co = rec[8]})
+        now = now, exists = status ~= false, co = r.co})
       hist_add(hist, a.cap, now, 'requested', a.run_id, {source = src, outcome = 'started'})
       redis.call('ZADD', a.index, now, a.key)
       seen()
+      r = {runId = a.run_id, status = 'queued', stages = a.stages, done = '0', attempt = '0',
+        maxAttempts = a.max_attempts, sources = src, requestedAt = now, updatedAt = now}
       outcome, changed = 'started', true
     end
   elseif a.policy == 'join' then
-    local srcs = list_add(rec[4], src)
-    if srcs ~= rec[4] then
+    local srcs = list_add(r.sources, src)
+    if srcs ~= r.sources then
       put('sources', srcs)
       seen()
       changed = true
     end
-    coalesce('joined', 'joined', rec[9])
+    coalesce('joined', 'joined', vals[nread + 1], vals[nread + 2])
     -- A person joining a queued bulk run promotes it to the people lane.
-    if is_person(src) and status == 'queued' and rec[6] ~= 'p' then
-      ack_entry(a.streams.b, a.group, rec[7])
+    if is_person(src) and status == 'queued' and r.lane ~= 'p' then
+      ack_entry(a.streams.b, a.group, r.entry)
       put('entry', redis.call('XADD', a.streams.p, '*', 'key', a.key, 'runId', cur, 'source', src))
       put('lane', 'p')
       changed = true
@@ -400,13 +456,13 @@ local function submit_one(a)
     if changed then put('updatedAt', now) end
     outcome = 'joined'
   elseif a.policy == 'skip' then
-    coalesce('skipped', 'skipped', rec[9])
+    coalesce('skipped', 'skipped', vals[nread + 1], vals[nread + 2])
     outcome = 'skipped'
   elseif a.policy == 'queue' then
     put('followUp', '1')
-    put('followUpSources', list_add(rec[5], src))
+    put('followUpSources', list_add(r.followUpSources, src))
     put('updatedAt', now)
-    coalesce('requested', 'queued', rec[9])
+    coalesce('requested', 'queued', vals[nread + 1], vals[nread + 2])
     outcome, changed = 'queued', true
   else
     -- replace: the active run is cancelled through the registry and a
@@ -414,31 +470,40 @@ local function submit_one(a)
     -- retry backoff) is ended here; a running one is flagged, and its
     -- holder ends it as cancelled, which starts the follow-up.
     hist_add(hist, a.cap, now, 'requested', cur, {source = src, outcome = 'replaced'})
-    redis.call('HSET', task, 'followUp', '1', 'followUpSources', src)
+    put('followUp', '1')
+    put('followUpSources', src)
     if status == 'running' then
       put('cancel', '1')
       put('updatedAt', now)
       redis.call('PUBLISH', a.cancels, cancel_payload(a.key, cur))
     else
+      redis.call('HSET', task, unpack(set))
+      set = {}
       redis.call('ZREM', a.retry, cur .. ' ' .. a.key)
       finish_terminal({task = task, streams = a.streams, hist = hist, index = a.index, group = a.group, cap = a.cap,
         retention = a.retention, next_run_id = a.run_id, stages = a.stages,
         max_attempts = a.max_attempts, now = now}, 'cancelled', 'replaced')
+      r = nil -- rewritten: the caller reads the view again
     end
     outcome, changed = 'replaced', true
   end
   if a.occ ~= '' then put(a.occ_field, a.occ) end
   if #set > 0 then redis.call('HSET', task, unpack(set)) end
   if changed then publish_view(task, a.events, a.watch) end
-  return outcome
+  return outcome, r
 end
 
--- VIEW_FIELDS are the record fields a TaskView shows, in the order of
--- jobs.viewFields (submit.lua replies with them instead of the whole
--- record).
-local VIEW_FIELDS = {'runId', 'status', 'stage', 'stages', 'done', 'attempt', 'maxAttempts', 'sources',
-  'owner', 'token', 'requestedAt', 'startedAt', 'updatedAt', 'finishedAt', 'nextAttemptAt', 'lastError',
-  'cancel', 'followUp', 'waiting'}
+-- view_reply encodes the view fields as one string, US-separated in
+-- VIEW_FIELDS order (jobs.viewFromReply): one reply value instead of a
+-- list. r is a record table by field name (as submit_one returns it), or
+-- nil with vals, an HMGET whose first values are VIEW_FIELDS'.
+local function view_reply(r, vals)
+  local out = {}
+  for i = 1, #VIEW_FIELDS do
+    if r then out[i] = r[VIEW_FIELDS[i]] or '' else out[i] = vals[i] or '' end
+  end
+  return table.concat(out, US)
+end
 
 -- recovery_mode mirrors checkpoints.Decide for the history event of a
 -- recovered run: restart, resume or skip.

@@ -19,7 +19,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -47,18 +46,8 @@ type Config struct {
 // Client sends the commands given to it concurrently in shared pipelines.
 // Safe for concurrent use.
 type Client struct {
-	rdb redis.UniversalClient
-	cfg Config
-
-	mu       sync.Mutex
-	pending  []*group
-	inFlight int // flushing goroutines running
-}
-
-// group is the commands of one Do call: sent in the same pipeline.
-type group struct {
-	cmds []redis.Cmder
-	done chan struct{}
+	rdb    redis.UniversalClient
+	groups *Combiner[[]redis.Cmder]
 }
 
 // New returns a Client on rdb.
@@ -75,7 +64,9 @@ func New(rdb redis.UniversalClient, cfg Config) (*Client, error) {
 	if cfg.MaxInFlight < 1 || cfg.MaxBatch < 1 {
 		return nil, fmt.Errorf("%w: MaxInFlight %d and MaxBatch %d must be positive", ErrConfig, cfg.MaxInFlight, cfg.MaxBatch)
 	}
-	return &Client{rdb: rdb, cfg: cfg}, nil
+	c := &Client{rdb: rdb}
+	c.groups = NewCombiner(cfg.MaxInFlight, cfg.MaxBatch, c.flush)
+	return c, nil
 }
 
 // Do sends cmds in one pipeline, shared with whatever other goroutines
@@ -83,57 +74,18 @@ func New(rdb redis.UniversalClient, cfg Config) (*Client, error) {
 // its reply and error) or ctx ends. A command already handed to Redis when
 // ctx ends may still run, as with any request whose reply is not awaited.
 func (c *Client) Do(ctx context.Context, cmds ...redis.Cmder) error {
-	g := &group{cmds: cmds, done: make(chan struct{})}
-	c.mu.Lock()
-	c.pending = append(c.pending, g)
-	if c.inFlight < c.cfg.MaxInFlight {
-		c.inFlight++
-		go c.flushLoop()
-	}
-	c.mu.Unlock()
-	select {
-	case <-g.done:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
+	return c.groups.Add(ctx, cmds)
 }
 
-// flushLoop sends pending groups until there are none.
-func (c *Client) flushLoop() {
-	for {
-		c.mu.Lock()
-		if len(c.pending) == 0 {
-			c.inFlight--
-			c.mu.Unlock()
-			return
-		}
-		var batch []*group
-		n := 0
-		for len(c.pending) > 0 && (n == 0 || n+len(c.pending[0].cmds) <= c.cfg.MaxBatch) {
-			g := c.pending[0]
-			c.pending[0] = nil
-			c.pending = c.pending[1:]
-			batch = append(batch, g)
-			n += len(g.cmds)
-		}
-		c.mu.Unlock()
-		c.flush(batch)
-	}
-}
-
-func (c *Client) flush(batch []*group) {
+func (c *Client) flush(groups [][]redis.Cmder) {
 	pipe := c.rdb.Pipeline()
-	for _, g := range batch {
-		for _, cmd := range g.cmds {
+	for _, g := range groups {
+		for _, cmd := range g {
 			_ = pipe.Process(context.Background(), cmd)
 		}
 	}
 	// Errors are per command; callers read their own.
 	_, _ = pipe.Exec(context.Background())
-	for _, g := range batch {
-		close(g.done)
-	}
 }
 
 // do runs one command through Do.

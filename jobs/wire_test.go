@@ -1,0 +1,34 @@
+package jobs
+
+import (
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/tasklease/tasklease/lua"
+)
+
+// TestViewFieldsMatchLua: submit.lua replies with the values of
+// VIEW_FIELDS (lib.lua) in order; viewFields must name the same fields in
+// the same order.
+func TestViewFieldsMatchLua(t *testing.T) {
+	src, err := lua.Source("submit")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?s)local VIEW_FIELDS = \{(.*?)\}`).FindStringSubmatch(src)
+	if m == nil {
+		t.Fatal("VIEW_FIELDS not found in submit.lua's source")
+	}
+	var got []string
+	for _, q := range regexp.MustCompile(`'([A-Za-z]+)'`).FindAllStringSubmatch(m[1], -1) {
+		got = append(got, q[1])
+	}
+	if !slices.Equal(got, viewFields) {
+		t.Fatalf("VIEW_FIELDS %v, viewFields %v", got, viewFields)
+	}
+	if !strings.Contains(src, "'\\31'") || histSep != "\x1f" {
+		t.Fatal("the history/view separator differs between Lua (US, \\31) and Go")
+	}
+}
