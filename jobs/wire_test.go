@@ -28,6 +28,17 @@ func TestViewFieldsMatchLua(t *testing.T) {
 	if !slices.Equal(got, viewFields) {
 		t.Fatalf("VIEW_FIELDS %v, viewFields %v", got, viewFields)
 	}
+	m = regexp.MustCompile(`(?s)local SUBMIT_READ = \{(.*?)\}`).FindStringSubmatch(src)
+	if m == nil {
+		t.Fatal("SUBMIT_READ not found in submit.lua's source")
+	}
+	var read []string
+	for _, q := range regexp.MustCompile(`'([A-Za-z]+)'`).FindAllStringSubmatch(m[1], -1) {
+		read = append(read, q[1])
+	}
+	if len(read) < len(viewFields) || !slices.Equal(read[:len(viewFields)], viewFields) {
+		t.Fatalf("SUBMIT_READ %v must start with VIEW_FIELDS %v (a reply is cut from its HMGET)", read, viewFields)
+	}
 	if !strings.Contains(src, "'\\31'") || histSep != "\x1f" {
 		t.Fatal("the history/view separator differs between Lua (US, \\31) and Go")
 	}

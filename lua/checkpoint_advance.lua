@@ -7,12 +7,13 @@
 -- returns {1, next stage ("" after the last)}
 --         {0}   not held (lease lost, or the record moved on)
 --         {-1}  the stage is not the run's current stage
-if not fenced(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3]) then return {0} end
-local rec = redis.call('HMGET', KEYS[2], 'stages', 'done')
-local stages = split(rec[1], ',')
-local done = tonumber(rec[2]) or 0
-if stages[done + 1] ~= ARGV[4] then return {-1} end
-local nxt = stages[done + 2] or ''
+-- Fenced as fenced() does, with the record read once.
+if not lease_held(KEYS[1], ARGV[1], ARGV[2]) then return {0} end
+local rec = redis.call('HMGET', KEYS[2], 'runId', 'token', 'stages', 'done')
+if rec[1] ~= ARGV[3] or rec[2] ~= ARGV[2] then return {0} end
+local done = tonumber(rec[4]) or 0
+if list_at(rec[3], done + 1) ~= ARGV[4] then return {-1} end
+local nxt = list_at(rec[3], done + 2)
 local now = now_ms()
 redis.call('HSET', KEYS[2], 'done', done + 1, 'stage', nxt, 'cursor', '', 'updatedAt', now)
 hist_add(KEYS[3], ARGV[5], now, 'stage', ARGV[3], {stage = ARGV[4], outcome = 'done', owner = ARGV[1], token = ARGV[2]})

@@ -66,7 +66,7 @@ local function claim_one(task, lease_key, hist, lane, entry_id, run_id, source, 
   local missing = nil
   if def_stages == '' then
     missing = ''
-  else
+  elseif def_stages ~= rec[10] then -- the same definition defines every stage
     local defined = {}
     for _, s in ipairs(split(def_stages, ',')) do defined[s] = true end
     local run_stages = split(rec[10], ',')
@@ -106,8 +106,7 @@ local function claim_one(task, lease_key, hist, lane, entry_id, run_id, source, 
   -- Hand the record to the new holder: the run keeps its completed stages
   -- and cursor, so a recovered run resumes.
   local done, cursor = tonumber(rec[11]) or 0, rec[13] or ''
-  local run_stages = split(rec[10], ',')
-  local stage = run_stages[done + 1] or ''
+  local stage = list_at(rec[10], done + 1)
   local attempt_now = attempt + 1
   local sources = list_add(rec[9], source)
   local started = rec[14]
@@ -132,7 +131,7 @@ local function claim_one(task, lease_key, hist, lane, entry_id, run_id, source, 
   -- recovery mode as the outcome.
   local ev = {source = source, stage = stage, owner = owner, token = token}
   if attempt_now > 1 or done > 0 or cursor ~= '' then
-    ev.outcome = recovery_mode(done, cursor, #run_stages)
+    ev.outcome = recovery_mode(done, cursor, #split(rec[10], ','))
   end
   hist_add(hist, cap, now, status == 'running' and 'recovered' or 'started', run_id, ev)
   publish_view(task, channel, KEYS[2])

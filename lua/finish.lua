@@ -33,17 +33,16 @@ local nft = #FT_FIELDS
 if rec[2] ~= run_id or rec[10] ~= token then return {0} end
 local now = now_ms()
 local before = nil -- the completed stage's event, appended with the result's
+local upd = nil    -- the completed stage's checkpoint fields, written with the result's
 if ARGV[5] ~= '' then
   local done = tonumber(rec[nft + 1]) or 0
-  local stages = split(rec[6], ',')
-  if stages[done + 1] ~= ARGV[5] then return {-1} end
-  local upd = {'done', done + 1, 'cursor', ''}
+  if list_at(rec[6], done + 1) ~= ARGV[5] then return {-1} end
+  upd = {'done', done + 1, 'cursor', ''}
   if result == 'handback' then
-    rec[8] = stages[done + 2] or ''
+    rec[8] = list_at(rec[6], done + 2)
     upd[#upd + 1] = 'stage'
     upd[#upd + 1] = rec[8]
   end
-  redis.call('HSET', task, unpack(upd))
   before = hist_entry(now, 'stage', run_id, {stage = ARGV[5], outcome = 'done', owner = owner, token = token})
 end
 redis.call('DEL', lease_key)
@@ -57,11 +56,18 @@ end
 local function push(ev)
   if before then hist_push(hist, cap, before, ev) else hist_push(hist, cap, ev) end
 end
+-- with appends the completed stage's fields to an HSET's field list.
+local function with(fields)
+  if upd then
+    for i = 1, #upd do fields[#fields + 1] = upd[i] end
+  end
+  return fields
+end
 if result == 'retry' then
   local due = now + tonumber(ARGV[7])
   ack_entry(streams[rec[11] or 'b'] or streams.b, ARGV[8], rec[1])
-  redis.call('HSET', task, 'status', 'retrying', 'nextAttemptAt', due, 'lastError', ARGV[6],
-    'entry', '', 'updatedAt', now)
+  redis.call('HSET', task, unpack(with({'status', 'retrying', 'nextAttemptAt', due, 'lastError', ARGV[6],
+    'entry', '', 'updatedAt', now})))
   redis.call('ZADD', KEYS[7], due, run_id .. ' ' .. rec[3])
   push(hist_entry(now, 'retry-scheduled', run_id, {stage = rec[8], error = ARGV[6],
     outcome = 'attempt ' .. attempt .. ' of ' .. max_attempts, owner = owner, token = token}))
@@ -71,14 +77,16 @@ elseif result == 'handback' then
   ack_entry(streams[rec[11] or 'b'] or streams.b, ARGV[8], rec[1])
   local srcs = rec[nft + 3]
   local lane = lane_for(srcs)
-  local id = redis.call('XADD', streams[lane], '*', 'key', rec[3], 'runId', run_id,
-    'source', split(srcs, ',')[1] or 'manual')
-  redis.call('HSET', task, 'status', 'queued', 'attempt', attempt - 1, 'entry', id, 'lane', lane, 'updatedAt', now)
+  local first = list_at(srcs, 1)
+  if first == '' then first = 'manual' end
+  local id = redis.call('XADD', streams[lane], '*', 'key', rec[3], 'runId', run_id, 'source', first)
+  redis.call('HSET', task, unpack(with({'status', 'queued', 'attempt', attempt - 1, 'entry', id, 'lane', lane,
+    'updatedAt', now})))
   push(hist_entry(now, 'handed-back', run_id, {stage = rec[8], owner = owner, token = token}))
 else
   finish_terminal({task = task, streams = streams, hist = hist, index = KEYS[6], group = ARGV[8], cap = cap,
     retention = ARGV[11], next_run_id = ARGV[12], stages = ARGV[13],
-    max_attempts = ARGV[14], now = now}, result, ARGV[6], rec, before)
+    max_attempts = ARGV[14], now = now, extra = upd}, result, ARGV[6], rec, before)
 end
 publish_view(task, ARGV[10], KEYS[8])
 if result == 'retry' then return {1, 'retrying'} end

@@ -124,13 +124,24 @@ local function split(s, sep)
   end
 end
 
+-- list_has reports whether comma list holds item.
+local function list_has(list, item)
+  if not list or list == '' then return false end
+  return list == item or string.find(',' .. list .. ',', ',' .. item .. ',', 1, true) ~= nil
+end
+
 -- list_add appends item to a comma list unless present.
 local function list_add(list, item)
-  if list == nil or list == false or list == '' then return item end
-  for _, s in ipairs(split(list, ',')) do
-    if s == item then return list end
-  end
+  if not list or list == '' then return item end
+  if list_has(list, item) then return list end
   return list .. ',' .. item
+end
+
+-- list_at returns the i-th item (1-based) of a comma list, or ''.
+local function list_at(list, i)
+  if not list or list == '' then return '' end
+  if i == 1 then return string.match(list, '^[^,]*') end
+  return split(list, ',')[i] or ''
 end
 
 -- hist_request records a request that leaves run run_id as it is. c, n
@@ -238,9 +249,7 @@ local function is_person(source) return source == 'manual' or source == 'foregro
 
 -- lane_for picks the lane of a run requested by a comma list of sources.
 local function lane_for(sources)
-  for _, s in ipairs(split(sources, ',')) do
-    if is_person(s) then return 'p' end
-  end
+  if list_has(sources, 'manual') or list_has(sources, 'foreground') then return 'p' end
   return 'b'
 end
 
@@ -287,7 +296,7 @@ local FT_FIELDS = {'entry', 'runId', 'key', 'followUp', 'followUpSources', 'stag
 -- ended run's. The caller has already released (or never held) the lease.
 -- before: an encoded event appended just before the result's (or nil).
 -- c: {task, streams, hist, index, group, cap, retention, next_run_id,
---     stages, max_attempts, now}
+--     stages, max_attempts, now, extra (more record fields to write, or nil)}
 local function finish_terminal(c, result, err, rec, before)
   rec = rec or redis.call('HMGET', c.task, unpack(FT_FIELDS))
   ack_entry(c.streams[rec[11] or 'b'] or c.streams.b, c.group, rec[1])
@@ -311,6 +320,9 @@ local function finish_terminal(c, result, err, rec, before)
     fields[#fields + 1] = 'lastSuccessAt'
     fields[#fields + 1] = c.now
   end
+  if c.extra then
+    for i = 1, #c.extra do fields[#fields + 1] = c.extra[i] end
+  end
   redis.call('HSET', c.task, unpack(fields))
   local ev = hist_entry(c.now, result, rec[2], {stage = rec[8] or '', error = err, owner = rec[9] or '',
     token = rec[10] or ''})
@@ -318,7 +330,8 @@ local function finish_terminal(c, result, err, rec, before)
   redis.call('ZADD', c.index, c.now, rec[3])
   if rec[4] == '1' and c.next_run_id ~= '' then
     local srcs = rec[5]
-    local first = split(srcs, ',')[1] or 'manual'
+    local first = list_at(srcs, 1)
+    if first == '' then first = 'manual' end
     local stages, max_attempts = rec[6], rec[7]
     if c.stages and c.stages ~= '' then stages, max_attempts = c.stages, c.max_attempts end
     new_run({task = c.task, streams = c.streams, hist = c.hist, key = rec[3], subject = rec[17],
@@ -351,10 +364,9 @@ local VIEW_FIELDS = {'runId', 'status', 'stage', 'stages', 'done', 'attempt', 'm
 -- SUBMIT_READ: the record fields submit_one reads in its one HMGET: the
 -- view it replies with (VIEW_FIELDS, first, so a reply can be cut from the
 -- HMGET), then what it decides on.
-local SUBMIT_READ = {unpack(VIEW_FIELDS)}
-for _, f in ipairs({'lastSuccessAt', 'followUpSources', 'lane', 'entry', 'co', 'subject'}) do
-  SUBMIT_READ[#SUBMIT_READ + 1] = f
-end
+local SUBMIT_READ = {'runId', 'status', 'stage', 'stages', 'done', 'attempt', 'maxAttempts', 'sources',
+  'owner', 'token', 'requestedAt', 'startedAt', 'updatedAt', 'finishedAt', 'nextAttemptAt', 'lastError',
+  'cancel', 'followUp', 'waiting', 'lastSuccessAt', 'followUpSources', 'lane', 'entry', 'co', 'subject'}
 
 -- submit_one routes one TaskStartRequest (see submit.lua for the rules).
 -- Dedup is by task key only; the source is recorded, never compared. A
