@@ -42,17 +42,22 @@ func (lr *localRun) end() {
 	lr.cancel(nil)
 }
 
+// chainMax bounds the runs one slot executes back to back from the reads
+// of its finishes; then the slot goes back, so the fetch loops of other
+// partitions get their turn.
+const chainMax = 8
+
 // start executes a granted run in its own goroutine, which holds the
-// caller's slot. When the run finishes, the finish's round trip also reads
-// the next entry (see finish), which the same goroutine claims and runs
-// with the same slot; it releases the slot when there is none.
+// caller's slot. When the run finishes, the finish script also reads the
+// partition's next entry (see finish), which the same goroutine claims and
+// runs with the same slot; it releases the slot when there is none.
 func (r *Runner) start(lr *localRun, c claimResult) {
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
 		defer r.release(1)
-		for lr != nil {
-			next := r.execute(lr, c)
+		for n := 1; lr != nil; n++ {
+			next := r.execute(lr, c, n < chainMax)
 			lr.end()
 			lr, c = r.claimNext(next)
 		}
@@ -82,9 +87,9 @@ func (r *Runner) claimNext(es []entry) (*localRun, claimResult) {
 }
 
 // execute runs a granted attempt under lr.ctx (cancelled on a registry
-// cancel) and finishes it; it returns the entries the finish read for this
-// goroutine's slot.
-func (r *Runner) execute(lr *localRun, c claimResult) []entry {
+// cancel) and finishes it; with readNext it returns the entries the finish
+// read for this goroutine's slot.
+func (r *Runner) execute(lr *localRun, c claimResult, readNext bool) []entry {
 	e, runCtx, cancelRun := lr.e, lr.ctx, lr.cancel
 	k, p, runID, source := e.key, e.p, e.runID, Source(e.source)
 	job := r.reg.jobs[k.Scope()]
@@ -181,7 +186,7 @@ func (r *Runner) execute(lr *localRun, c claimResult) []entry {
 		log.Warn("lease lost; stopped without writing", slog.String("stage", run.stage), slog.Any("error", keeper.Err()))
 		return nil
 	}
-	return r.finish(job, p, lease, runID, result, completed, stageErr, c.attempt, log)
+	return r.finish(job, p, lease, runID, result, completed, stageErr, c.attempt, readNext, log)
 }
 
 func (j *Job) stage(name string) *Stage {

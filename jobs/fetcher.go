@@ -36,13 +36,19 @@ func (r *Runner) readCall(p, n int) *scriptCall {
 		args: []any{keyspace.Group, r.owner, n, first.Letter(), second.Letter()}}
 }
 
-// decodeRead decodes read_next.lua's reply. Entries not written by
-// tasklease are acknowledged and deleted so they are not reclaimed forever.
+// decodeRead decodes read_next.lua's reply.
 func (r *Runner) decodeRead(ctx context.Context, p int, cmd *redis.Cmd) ([]entry, error) {
 	res, err := cmd.Slice()
 	if err != nil {
 		return nil, err
 	}
+	return r.decodeEntries(ctx, p, res), nil
+}
+
+// decodeEntries decodes entries as read_lanes (lua/lib.lua) lists them:
+// lane letter, id, field list. Entries not written by tasklease are
+// acknowledged and deleted so they are not reclaimed forever.
+func (r *Runner) decodeEntries(ctx context.Context, p int, res []any) []entry {
 	var out []entry
 	for i := 0; i+2 < len(res); i += 3 {
 		lane := keyspace.LaneBulk
@@ -61,7 +67,7 @@ func (r *Runner) decodeRead(ctx context.Context, p int, cmd *redis.Cmd) ([]entry
 		}
 		out = append(out, e)
 	}
-	return out, nil
+	return out
 }
 
 // dropEntry acknowledges and deletes an entry tasklease did not write.

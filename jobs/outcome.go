@@ -11,11 +11,11 @@ import (
 	"github.com/tasklease/tasklease/leasing"
 )
 
-// finish ends an attempt with finish.lua. Unless the runner is stopping,
-// the same round trip reads the next entry for the slot this run frees
-// (read_next.lua), from the partitions in turn so every partition with work
-// gets its share; the caller claims and runs it with the same slot.
-func (r *Runner) finish(job *Job, p int, lease leasing.Lease, runID, result, completed string, stageErr error, attempt int, log *slog.Logger) []entry {
+// finish ends an attempt with finish.lua. With readNext (and unless the
+// runner is stopping) the same script reads the next entry of the
+// partition for the slot this run frees, people's lane first; the caller
+// claims and runs it with the same slot.
+func (r *Runner) finish(job *Job, p int, lease leasing.Lease, runID, result, completed string, stageErr error, attempt int, readNext bool, log *slog.Logger) []entry {
 	k := lease.Key
 	ks := r.reg.ks
 	errText := ""
@@ -26,6 +26,11 @@ func (r *Runner) finish(job *Job, p int, lease leasing.Lease, runID, result, com
 	if result == resultRetry {
 		delay = jitter(backoff(job.Retry.Backoff, job.Retry.MaxBackoff, attempt))
 	}
+	read, first := 0, keyspace.LanePeople
+	if readNext && r.taking() {
+		read = 1
+		first, _ = r.readOrder()
+	}
 	// Finish must land even when the run's context was cancelled (cancel,
 	// shutdown); it is bounded by the lease instead.
 	ctx, cancel := context.WithTimeout(context.Background(), lease.TTL)
@@ -34,29 +39,17 @@ func (r *Runner) finish(job *Job, p int, lease leasing.Lease, runID, result, com
 		keys: []string{ks.Task(k), ks.Lease(k), ks.Requests(p), ks.PeopleRequests(p), ks.History(k), ks.Index(p), ks.Retry(p), ks.Watch(p)},
 		args: []any{lease.Owner, lease.Token, runID, result, completed, errText, delay.Milliseconds(), keyspace.Group,
 			r.reg.histCap, ks.Events(p), r.reg.retention.Milliseconds(), newRunID(),
-			r.reg.stagesCSV[job.Scope], job.Retry.MaxAttempts}}
-	calls := []*scriptCall{fin}
-	var read *scriptCall
-	var readP int
-	if r.taking() {
-		readP = int(r.chainTurn.Add(1) % uint64(ks.Partitions()))
-		read = r.readCall(readP, 1)
-		calls = append(calls, read)
+			r.reg.stagesCSV[job.Scope], job.Retry.MaxAttempts, read, first.Letter()}}
+	res, err := []any(nil), evalGrouped(ctx, r.reg.gc, []*scriptCall{fin})
+	if err == nil {
+		res, err = fin.cmd.Slice()
 	}
-	_ = evalGrouped(ctx, r.reg.gc, calls) // each reply is read below
-	var next []entry
-	if read != nil {
-		var err error
-		if next, err = r.decodeRead(ctx, readP, read.cmd); err != nil && r.taking() {
-			log.Debug("read with finish failed", slog.Any("error", err))
-		}
-	}
-	res, err := fin.cmd.Slice()
-	if err != nil {
+	if err != nil || len(res) < 2 {
 		log.Warn("finish failed; the run will be recovered when its lease expires", slog.Any("error", err))
-		return next
+		return nil
 	}
-	if len(res) < 2 || res[0] != int64(1) {
+	next := r.decodeEntries(ctx, p, res[2:])
+	if res[0] != int64(1) {
 		r.reg.metrics.leaseLosses.WithLabelValues(k.Scope()).Inc()
 		log.Warn("lease lost before finish", slog.String("outcome", result))
 		return next

@@ -127,8 +127,7 @@ type Runner struct {
 	workCancel context.CancelCauseFunc
 	fetchCtx   context.Context // taking work: Run's context
 
-	reads     atomic.Uint64 // reads so far (readOrder: one in bulkFirstEvery takes bulk first)
-	chainTurn atomic.Uint64 // the partition a finish reads for its slot next (round robin)
+	reads atomic.Uint64 // reads so far (readOrder: one in bulkFirstEvery takes bulk first)
 
 	// testHooks are set by this package's tests before Run; nil in
 	// production.

@@ -15,81 +15,96 @@
 -- A retry of a run whose cancel flag is set (a cancel or replace that landed
 -- while this attempt was failing) ends it as cancelled at once instead of
 -- waiting out the backoff.
--- returns {1, status after}   {0} not held   {-1} ARGV[5] is not the current stage
+-- ARGV[15] entries to read for the slot this attempt frees (0 or more), from
+--          this partition's streams, ARGV[16] first ('p' people first, 'b'
+--          bulk first): see read_lanes
+-- returns {1, status after}   {0, ''} not held   {-1, ''} ARGV[5] is not the
+-- current stage — each followed by the entries read (lane, id, fields)
 -- Cost of a done run: GET lease, HMGET, TIME, DEL lease, XACK, XDEL, HSET,
 -- RPUSH (the stage and the result events together), ZADD index, PEXPIRE x2,
 -- EXISTS watch.
-local task, lease_key, hist = KEYS[1], KEYS[2], KEYS[5]
-local streams = {b = KEYS[3], p = KEYS[4]}
-local owner, token, run_id, result, cap = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[9]
-if redis.call('GET', lease_key) ~= lease_value(token, owner) then return {0} end
--- FT_FIELDS (lib.lua), then done, attempt, sources.
-local fields = {unpack(FT_FIELDS)}
-fields[#fields + 1] = 'done'
-fields[#fields + 1] = 'attempt'
-fields[#fields + 1] = 'sources'
-local rec = redis.call('HMGET', task, unpack(fields))
-local nft = #FT_FIELDS
-if rec[2] ~= run_id or rec[10] ~= token then return {0} end
-local now = now_ms()
-local before = nil -- the completed stage's event, appended with the result's
-local upd = nil    -- the completed stage's checkpoint fields, written with the result's
-if ARGV[5] ~= '' then
-  local done = tonumber(rec[nft + 1]) or 0
-  if list_at(rec[6], done + 1) ~= ARGV[5] then return {-1} end
-  upd = {'done', done + 1, 'cursor', ''}
-  if result == 'handback' then
-    rec[8] = list_at(rec[6], done + 2)
-    upd[#upd + 1] = 'stage'
-    upd[#upd + 1] = rec[8]
+local function finish()
+  local task, lease_key, hist = KEYS[1], KEYS[2], KEYS[5]
+  local streams = {b = KEYS[3], p = KEYS[4]}
+  local owner, token, run_id, result, cap = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[9]
+  if redis.call('GET', lease_key) ~= lease_value(token, owner) then return {0, ''} end
+  -- FT_FIELDS (lib.lua), then done, attempt, sources.
+  local fields = {unpack(FT_FIELDS)}
+  fields[#fields + 1] = 'done'
+  fields[#fields + 1] = 'attempt'
+  fields[#fields + 1] = 'sources'
+  local rec = redis.call('HMGET', task, unpack(fields))
+  local nft = #FT_FIELDS
+  if rec[2] ~= run_id or rec[10] ~= token then return {0, ''} end
+  local now = now_ms()
+  local before = nil -- the completed stage's event, appended with the result's
+  local upd = nil    -- the completed stage's checkpoint fields, written with the result's
+  if ARGV[5] ~= '' then
+    local done = tonumber(rec[nft + 1]) or 0
+    if list_at(rec[6], done + 1) ~= ARGV[5] then return {-1, ''} end
+    upd = {'done', done + 1, 'cursor', ''}
+    if result == 'handback' then
+      rec[8] = list_at(rec[6], done + 2)
+      upd[#upd + 1] = 'stage'
+      upd[#upd + 1] = rec[8]
+    end
+    before = hist_entry(now, 'stage', run_id, {stage = ARGV[5], outcome = 'done', owner = owner, token = token})
   end
-  before = hist_entry(now, 'stage', run_id, {stage = ARGV[5], outcome = 'done', owner = owner, token = token})
-end
-redis.call('DEL', lease_key)
-local attempt, max_attempts = tonumber(rec[nft + 2]) or 1, tonumber(rec[7]) or 1
-if result == 'retry' and rec[13] == '1' then
-  result, ARGV[6] = 'cancelled', 'cancelled'
-elseif result == 'retry' and attempt >= max_attempts then
-  result = 'failed'
+  redis.call('DEL', lease_key)
+  local attempt, max_attempts = tonumber(rec[nft + 2]) or 1, tonumber(rec[7]) or 1
+  if result == 'retry' and rec[13] == '1' then
+    result, ARGV[6] = 'cancelled', 'cancelled'
+  elseif result == 'retry' and attempt >= max_attempts then
+    result = 'failed'
+  end
+
+  local function push(ev)
+    if before then hist_push(hist, cap, before, ev) else hist_push(hist, cap, ev) end
+  end
+  -- with appends the completed stage's fields to an HSET's field list.
+  local function with(fields)
+    if upd then
+      for i = 1, #upd do fields[#fields + 1] = upd[i] end
+    end
+    return fields
+  end
+  if result == 'retry' then
+    local due = now + tonumber(ARGV[7])
+    ack_entry(streams[rec[11] or 'b'] or streams.b, ARGV[8], rec[1])
+    redis.call('HSET', task, unpack(with({'status', 'retrying', 'nextAttemptAt', due, 'lastError', ARGV[6],
+      'entry', '', 'updatedAt', now})))
+    redis.call('ZADD', KEYS[7], due, run_id .. ' ' .. rec[3])
+    push(hist_entry(now, 'retry-scheduled', run_id, {stage = rec[8], error = ARGV[6],
+      outcome = 'attempt ' .. attempt .. ' of ' .. max_attempts, owner = owner, token = token}))
+  elseif result == 'handback' then
+    -- Graceful shutdown: keep the checkpoint, give the attempt back and
+    -- re-queue at once so another runner resumes without waiting for the TTL.
+    ack_entry(streams[rec[11] or 'b'] or streams.b, ARGV[8], rec[1])
+    local srcs = rec[nft + 3]
+    local lane = lane_for(srcs)
+    local first = list_at(srcs, 1)
+    if first == '' then first = 'manual' end
+    local id = redis.call('XADD', streams[lane], '*', 'key', rec[3], 'runId', run_id, 'source', first)
+    redis.call('HSET', task, unpack(with({'status', 'queued', 'attempt', attempt - 1, 'entry', id, 'lane', lane,
+      'updatedAt', now})))
+    push(hist_entry(now, 'handed-back', run_id, {stage = rec[8], owner = owner, token = token}))
+  else
+    finish_terminal({task = task, streams = streams, hist = hist, index = KEYS[6], group = ARGV[8], cap = cap,
+      retention = ARGV[11], next_run_id = ARGV[12], stages = ARGV[13],
+      max_attempts = ARGV[14], now = now, extra = upd}, result, ARGV[6], rec, before)
+  end
+  publish_view(task, ARGV[10], KEYS[8])
+  if result == 'retry' then return {1, 'retrying'} end
+  if result == 'handback' then return {1, 'queued'} end
+  if rec[4] == '1' and ARGV[12] ~= '' then return {1, 'queued'} end
+  return {1, result}
 end
 
-local function push(ev)
-  if before then hist_push(hist, cap, before, ev) else hist_push(hist, cap, ev) end
+local out = finish()
+local n = tonumber(ARGV[15]) or 0
+if n > 0 then
+  local first, second = KEYS[4], KEYS[3]
+  if ARGV[16] == 'b' then first, second = KEYS[3], KEYS[4] end
+  read_lanes(out, first, second, ARGV[16] == 'b' and 'b' or 'p', ARGV[16] == 'b' and 'p' or 'b', ARGV[8], ARGV[1], n)
 end
--- with appends the completed stage's fields to an HSET's field list.
-local function with(fields)
-  if upd then
-    for i = 1, #upd do fields[#fields + 1] = upd[i] end
-  end
-  return fields
-end
-if result == 'retry' then
-  local due = now + tonumber(ARGV[7])
-  ack_entry(streams[rec[11] or 'b'] or streams.b, ARGV[8], rec[1])
-  redis.call('HSET', task, unpack(with({'status', 'retrying', 'nextAttemptAt', due, 'lastError', ARGV[6],
-    'entry', '', 'updatedAt', now})))
-  redis.call('ZADD', KEYS[7], due, run_id .. ' ' .. rec[3])
-  push(hist_entry(now, 'retry-scheduled', run_id, {stage = rec[8], error = ARGV[6],
-    outcome = 'attempt ' .. attempt .. ' of ' .. max_attempts, owner = owner, token = token}))
-elseif result == 'handback' then
-  -- Graceful shutdown: keep the checkpoint, give the attempt back and
-  -- re-queue at once so another runner resumes without waiting for the TTL.
-  ack_entry(streams[rec[11] or 'b'] or streams.b, ARGV[8], rec[1])
-  local srcs = rec[nft + 3]
-  local lane = lane_for(srcs)
-  local first = list_at(srcs, 1)
-  if first == '' then first = 'manual' end
-  local id = redis.call('XADD', streams[lane], '*', 'key', rec[3], 'runId', run_id, 'source', first)
-  redis.call('HSET', task, unpack(with({'status', 'queued', 'attempt', attempt - 1, 'entry', id, 'lane', lane,
-    'updatedAt', now})))
-  push(hist_entry(now, 'handed-back', run_id, {stage = rec[8], owner = owner, token = token}))
-else
-  finish_terminal({task = task, streams = streams, hist = hist, index = KEYS[6], group = ARGV[8], cap = cap,
-    retention = ARGV[11], next_run_id = ARGV[12], stages = ARGV[13],
-    max_attempts = ARGV[14], now = now, extra = upd}, result, ARGV[6], rec, before)
-end
-publish_view(task, ARGV[10], KEYS[8])
-if result == 'retry' then return {1, 'retrying'} end
-if result == 'handback' then return {1, 'queued'} end
-if rec[4] == '1' and ARGV[12] ~= '' then return {1, 'queued'} end
-return {1, result}
+return out

@@ -517,6 +517,27 @@ local function view_reply(r, vals)
   return table.concat(out, US)
 end
 
+-- read_lanes reads up to n new entries for consumer from the preferred
+-- lane's stream first and from the other only for what is left, appending
+-- lane letter, entry id and the entry's field list per entry to out.
+local function read_lanes(out, first, second, first_letter, second_letter, group, consumer, n)
+  local want = n
+  local streams, letters = {first, second}, {first_letter, second_letter}
+  for i = 1, 2 do
+    if want <= 0 then break end
+    local res = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', want, 'STREAMS', streams[i], '>')
+    if res then
+      for _, e in ipairs(res[1][2]) do
+        out[#out + 1] = letters[i]
+        out[#out + 1] = e[1]
+        out[#out + 1] = e[2]
+        want = want - 1
+      end
+    end
+  end
+  return out
+end
+
 -- recovery_mode mirrors checkpoints.Decide for the history event of a
 -- recovered run: restart, resume or skip.
 local function recovery_mode(done, cursor, n_stages)

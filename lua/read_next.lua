@@ -8,18 +8,4 @@
 -- ARGV[4] lane letter of KEYS[1]   ARGV[5] lane letter of KEYS[2]
 -- returns a flat list: lane letter, entry id, then the entry's fields as
 -- one list {name, value, ...}, per entry
-local out = {}
-local want = tonumber(ARGV[3])
-for i = 1, 2 do
-  if want <= 0 then break end
-  local res = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want, 'STREAMS', KEYS[i], '>')
-  if res then
-    for _, e in ipairs(res[1][2]) do
-      out[#out + 1] = ARGV[3 + i]
-      out[#out + 1] = e[1]
-      out[#out + 1] = e[2]
-      want = want - 1
-    end
-  end
-end
-return out
+return read_lanes({}, KEYS[1], KEYS[2], ARGV[4], ARGV[5], ARGV[1], ARGV[2], tonumber(ARGV[3]))
