@@ -56,7 +56,7 @@ local function claim_one(task, lease_key, hist, lane, entry_id, run_id, source, 
     publish_view(task, channel, KEYS[2])
     return {'ack'}
   end
-  if status == 'retrying' and tonumber(rec[4]) and tonumber(rec[4]) > now then
+  if status == 'retrying' and tonumber(rec[4]) and tonumber(rec[4]) > tonumber(now) then
     return {'busy', '', tonumber(rec[4]) - now}
   end
 

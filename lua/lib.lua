@@ -2,11 +2,21 @@
 -- Nothing here runs on its own; each function documents what it touches, and
 -- callers pass every key through KEYS so scripts stay Redis Cluster safe.
 
--- now_ms returns Redis server time in milliseconds: expiry and every
--- timestamp come from Redis, never from a runner's clock.
-local function now_ms()
+-- clock returns Redis time once, as decimal strings: milliseconds and
+-- microseconds since the epoch. Strings, because every timestamp goes back
+-- to Redis, and formatting a Lua number (a double) is costly; Lua coerces
+-- them in arithmetic, comparisons need tonumber.
+local function clock()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local us6 = string.rep('0', 6 - #t[2]) .. t[2]
+  return t[1] .. string.sub(us6, 1, 3), t[1] .. us6
+end
+
+-- now_ms returns Redis server time in milliseconds (a decimal string):
+-- expiry and every timestamp come from Redis, never from a runner's clock.
+local function now_ms()
+  local ms = clock()
+  return ms
 end
 
 -- tok_str formats a fencing token (or any integer number) for Redis: Lua's
@@ -26,19 +36,15 @@ local function lease_held(lease_key, owner, token)
   return redis.call('GET', lease_key) == lease_value(token, owner)
 end
 
--- clock returns Redis time once, in milliseconds and in microseconds.
-local function clock()
-  local t = redis.call('TIME')
-  local s, us = tonumber(t[1]), tonumber(t[2])
-  return s * 1000 + math.floor(us / 1000), s * 1000000 + us
-end
-
 -- next_token is the fencing token that follows prev: max(prev + 1, Redis
--- TIME in microseconds). The time floor keeps tokens monotonic when Redis
--- loses the previous token (restart without persistence, failover to a
--- lagging replica, a flush, an expired counter). Tokens stay below 2^53.
+-- TIME in microseconds; now_us as clock returns it). The time floor keeps
+-- tokens monotonic when Redis loses the previous token (restart without
+-- persistence, failover to a lagging replica, a flush, an expired counter).
+-- Tokens stay below 2^53. Returns the token as a decimal string.
 local function next_token(prev, now_us)
-  return math.max((tonumber(prev) or 0) + 1, now_us)
+  local p = tonumber(prev)
+  if p and p + 1 > tonumber(now_us) then return tok_str(p + 1) end
+  return now_us
 end
 
 -- lease_grant takes a free lease (SET PX) with the next fencing token,
@@ -53,9 +59,9 @@ local function lease_grant(lease_key, fence_key, owner, ttl_ms, fence_ttl_ms)
   end
   local _, now_us = clock()
   local token = next_token(redis.call('GET', fence_key), now_us)
-  redis.call('SET', fence_key, tok_str(token), 'PX', fence_ttl_ms)
+  redis.call('SET', fence_key, token, 'PX', fence_ttl_ms)
   redis.call('SET', lease_key, lease_value(token, owner), 'PX', ttl_ms)
-  return token
+  return tonumber(token)
 end
 
 -- History is a capped list of compact events, oldest first. An event is
