@@ -71,8 +71,10 @@ func New(rdb redis.UniversalClient, cfg Config) (*Client, error) {
 
 // Do sends cmds in one pipeline, shared with whatever other goroutines
 // send meanwhile, and returns when they have been answered (each cmd holds
-// its reply and error) or ctx ends. A command already handed to Redis when
-// ctx ends may still run, as with any request whose reply is not awaited.
+// its reply and error) or ctx ends. When ctx ends first Do returns its
+// cause, and cmds must not be read: a pipeline may still be writing them
+// (the commands may still run, as with any request whose reply is not
+// awaited).
 func (c *Client) Do(ctx context.Context, cmds ...redis.Cmder) error {
 	return c.groups.Add(ctx, cmds)
 }
@@ -88,11 +90,15 @@ func (c *Client) flush(groups [][]redis.Cmder) {
 	_, _ = pipe.Exec(context.Background())
 }
 
-// do runs one command through Do.
+// do runs one command through Do. When ctx ends first, the command may
+// still be in a pipeline being answered: the caller gets another Cmd
+// holding ctx's error, never the one the pipeline writes to.
 func (c *Client) do(ctx context.Context, args ...any) *redis.Cmd {
 	cmd := redis.NewCmd(ctx, args...)
 	if err := c.Do(ctx, cmd); err != nil {
-		cmd.SetErr(err)
+		failed := redis.NewCmd(ctx, args...)
+		failed.SetErr(err)
+		return failed
 	}
 	return cmd
 }
