@@ -132,8 +132,7 @@ func newHooked(t *testing.T, cfg groupcommit.Config) (*redis.Client, *groupcommi
 
 // Many goroutines calling Do at once each get their own replies (and their
 // own errors), the calls share pipelines, and no more than MaxInFlight
-// pipelines are ever in flight; no pipeline carries more than MaxBatch
-// commands.
+// pipelines are ever in flight.
 func TestConcurrentCallsShareBoundedPipelines(t *testing.T) {
 	const (
 		callers     = 300
@@ -161,7 +160,7 @@ func TestConcurrentCallsShareBoundedPipelines(t *testing.T) {
 
 	var started, wg sync.WaitGroup
 	started.Add(callers)
-	errs := make(chan error, callers)
+	errs := make(chan error, 3*callers) // at most 3 per caller: never blocks
 	for i := range callers {
 		wg.Add(1)
 		go func() {
@@ -208,8 +207,10 @@ func TestConcurrentCallsShareBoundedPipelines(t *testing.T) {
 	total := 0
 	for i, p := range pipes {
 		total += len(p)
-		if len(p) > maxBatch {
-			t.Errorf("pipeline %d has %d commands, MaxBatch is %d", i, len(p), maxBatch)
+		// MaxBatch bounds the calls of a pipeline (each of these has at
+		// most 3 commands; see TestMaxBatchBoundsPipelines).
+		if len(p) > 3*maxBatch {
+			t.Errorf("pipeline %d has %d commands, more than MaxBatch %d calls can hold", i, len(p), maxBatch)
 		}
 	}
 	wantCmds := maxInFlight + 2*callers + (callers+6)/7
@@ -225,6 +226,57 @@ func TestConcurrentCallsShareBoundedPipelines(t *testing.T) {
 		t.Errorf("at most %d pipelines in flight; the warm-up held %d", m, maxInFlight)
 	}
 	t.Logf("%d calls, %d commands, %d pipelines, max %d in flight", calls, total, len(pipes), h.maxFlight.Load())
+}
+
+// No pipeline carries more than MaxBatch single-command calls, and queued
+// calls fill pipelines up to it.
+func TestMaxBatchBoundsPipelines(t *testing.T) {
+	const (
+		callers  = 100
+		maxBatch = 8
+	)
+	_, gc, h := newHooked(t, groupcommit.Config{MaxInFlight: 1, MaxBatch: maxBatch})
+	ctx := context.Background()
+	h.hold.Store(true)
+	var wg sync.WaitGroup
+	call := func(i int) {
+		defer wg.Done()
+		c := redis.NewCmd(ctx, "echo", strconv.Itoa(i))
+		if err := gc.Do(ctx, c); err != nil || c.Val() != strconv.Itoa(i) {
+			t.Errorf("call %d: %v %v", i, c.Val(), err)
+		}
+	}
+	wg.Add(1)
+	go call(-1)
+	waitFor(t, 5*time.Second, "first pipeline held", func() bool { return h.held.Load() == 1 })
+	var started sync.WaitGroup
+	started.Add(callers)
+	for i := range callers {
+		wg.Add(1)
+		go func() {
+			started.Done()
+			call(i)
+		}()
+	}
+	started.Wait()
+	h.hold.Store(false)
+	close(h.release)
+	wg.Wait()
+	pipes := h.snapshot()
+	total, full := 0, 0
+	for i, p := range pipes {
+		total += len(p)
+		if len(p) > maxBatch {
+			t.Errorf("pipeline %d has %d calls, MaxBatch is %d", i, len(p), maxBatch)
+		}
+		if len(p) == maxBatch {
+			full++
+		}
+	}
+	if total != callers+1 || full == 0 {
+		t.Errorf("%d pipelines carried %d calls (%d full), want %d calls and some full pipelines", len(pipes), total, full, callers+1)
+	}
+	t.Logf("%d calls in %d pipelines, %d of them full", total, len(pipes), full)
 }
 
 // A group of commands given to one Do call is sent in one pipeline, in order.
@@ -338,6 +390,31 @@ func TestContextEndReturnsCause(t *testing.T) {
 	}
 }
 
+// The Cmd an Eval returns with its context's cause does not change when
+// the pipeline it was in is answered later (the pipeline writes another
+// Cmd): an Eval that failed never turns into a success, and the caller's
+// reads do not race with the flush (go test -race).
+func TestEvalCmdUntouchedAfterContextEnd(t *testing.T) {
+	_, gc, h := newHooked(t, groupcommit.Config{MaxInFlight: 1})
+	h.hold.Store(true)
+	cause := errors.New("caller gave up")
+	ctx, cancel := context.WithCancelCause(context.Background())
+	res := make(chan *redis.Cmd, 1)
+	go func() { res <- gc.Eval(ctx, "return 'ran'", nil) }()
+	waitFor(t, 5*time.Second, "pipeline held", func() bool { return h.held.Load() == 1 })
+	cancel(cause)
+	cmd := <-res
+	if !errors.Is(cmd.Err(), cause) {
+		t.Fatalf("Eval = %v, want the cause", cmd.Err())
+	}
+	h.hold.Store(false)
+	close(h.release)
+	waitFor(t, 5*time.Second, "held pipeline done", func() bool { return h.inFlight.Load() == 0 })
+	if !errors.Is(cmd.Err(), cause) || cmd.Val() != nil {
+		t.Fatalf("after Eval returned the cause, its command changed to %v, %v", cmd.Val(), cmd.Err())
+	}
+}
+
 // (*redis.Script).Run through the Client: EVALSHA first; after SCRIPT FLUSH
 // the NOSCRIPT answer makes it fall back to EVAL, which works and loads the
 // script again. Keys and arguments reach the script in order.
@@ -386,8 +463,12 @@ func TestScriptRunFallsBackToEvalAfterFlush(t *testing.T) {
 
 	// The read-only variants and Load/Exists go where they should.
 	ro := redis.NewScript(`return ARGV[1]`)
+	h.reset()
 	if v, err := ro.RunRO(ctx, gc, nil, "ro").Result(); err != nil || v != "ro" {
 		t.Fatalf("RunRO = %v, %v", v, err)
+	}
+	if got := names(); got != "evalsha_ro eval_ro" {
+		t.Errorf("RunRO of a new script sent %q, want evalsha_ro then eval_ro", got)
 	}
 	if err := ro.Load(ctx, gc).Err(); err != nil {
 		t.Fatal(err)
