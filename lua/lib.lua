@@ -374,6 +374,18 @@ local SUBMIT_READ = {'runId', 'status', 'stage', 'stages', 'done', 'attempt', 'm
   'owner', 'token', 'requestedAt', 'startedAt', 'updatedAt', 'finishedAt', 'nextAttemptAt', 'lastError',
   'cancel', 'followUp', 'waiting', 'lastSuccessAt', 'followUpSources', 'lane', 'entry', 'co', 'subject'}
 
+-- view_reply encodes the view fields as one string, US-separated in
+-- VIEW_FIELDS order (jobs.viewFromReply): one reply value instead of a
+-- list. r is a record table by field name, or nil with vals, an HMGET
+-- holding VIEW_FIELDS' values from index off + 1.
+local function view_reply(r, vals, off)
+  local out = {}
+  for i = 1, #VIEW_FIELDS do
+    if r then out[i] = r[VIEW_FIELDS[i]] or '' else out[i] = vals[off + i] or '' end
+  end
+  return table.concat(out, US)
+end
+
 -- submit_one routes one TaskStartRequest (see submit.lua for the rules).
 -- Dedup is by task key only; the source is recorded, never compared. A
 -- request that changes nothing (a repeated join, skip, queue or throttle)
@@ -389,36 +401,50 @@ local SUBMIT_READ = {'runId', 'status', 'stage', 'stages', 'done', 'attempt', 'm
 local function submit_one(a)
   local task, hist, now, src = a.task, a.hist, a.now, a.source
   local po = POLICY_OUTCOME[a.policy] or 'replaced'
-  local want = {unpack(SUBMIT_READ)}
-  local nread = #want
-  want[nread + 1] = co_field(src, po)
-  want[nread + 2] = n_field(src, po)
-  want[nread + 3] = co_field(src, 'throttled')
-  want[nread + 4] = n_field(src, 'throttled')
-  want[nread + 5] = a.occ ~= '' and a.occ_field or 'runId'
-  local vals = redis.call('HMGET', task, unpack(want))
+  -- One read: the coalescing counters of this request's outcomes and its
+  -- occurrence field (X_* below), then SUBMIT_READ (from index X + 1).
+  local vals = redis.call('HMGET', task, co_field(src, po), n_field(src, po), co_field(src, 'throttled'),
+    n_field(src, 'throttled'), a.occ ~= '' and a.occ_field or 'runId', unpack(SUBMIT_READ))
+  local X = 5
   -- A repeat of this occurrence, or a late batch of an older one (a leader
   -- paused past its term), writes nothing: occurrences only move forward.
-  if a.occ ~= '' and (tonumber(vals[nread + 5]) or -1) >= tonumber(a.occ) then
+  if a.occ ~= '' and (tonumber(vals[5]) or -1) >= tonumber(a.occ) then
     return 'duplicate'
   end
-  local status, cur = vals[2], vals[1]
+  local cur, status = vals[X + 1], vals[X + 2]
   local active = status == 'queued' or status == 'running' or status == 'retrying'
   -- Fast path: a repeated join (of a source the run already has, needing no
   -- promotion) or skip on an active run changes nothing but a counter.
-  if active and a.occ == '' and co_of_run(vals[nread + 1], cur) then
+  if active and a.occ == '' and co_of_run(vals[1], cur) then
     local fast = a.policy == 'skip'
     if a.policy == 'join' then
-      fast = string.find(',' .. (vals[8] or '') .. ',', ',' .. src .. ',', 1, true) ~= nil
-        and not (is_person(src) and status == 'queued' and vals[nread - 3] ~= 'p')
+      fast = list_has(vals[X + 8], src) and not (is_person(src) and status == 'queued' and vals[X + 22] ~= 'p')
     end
     if fast then
-      redis.call('HSET', task, n_field(src, po), repeat_count(vals[nread + 2], now))
-      return po, nil, vals
+      redis.call('HSET', task, n_field(src, po), repeat_count(vals[2], now))
+      return po, view_reply(nil, vals, X)
     end
   end
+  -- A new run (no active one, not throttled): nothing read is needed but
+  -- whether the record exists, and the reply is what was written.
+  local last = tonumber(vals[X + 20])
+  local throttled = not active and a.min_interval > 0 and last and (src == 'schedule' or src == 'foreground')
+    and now - last < a.min_interval
+  if not active and not throttled then
+    new_run({task = task, streams = a.streams, hist = hist, key = a.key, subject = a.subject,
+      run_id = a.run_id, stages = a.stages, max_attempts = a.max_attempts, sources = src, source = src,
+      now = now, exists = status ~= false, co = vals[X + 24]})
+    hist_add(hist, a.cap, now, 'requested', a.run_id, {source = src, outcome = 'started'})
+    redis.call('ZADD', a.index, now, a.key)
+    if src ~= 'schedule' then redis.call('ZADD', a.subjects, now, a.subject) end
+    if a.occ ~= '' then redis.call('HSET', task, a.occ_field, a.occ) end
+    publish_view(task, a.events, a.watch)
+    -- VIEW_FIELDS of the new run
+    return 'started', table.concat({a.run_id, 'queued', '', a.stages, '0', '0', a.max_attempts, src, '', '',
+      now, '', now, '', '', '', '', '', ''}, US)
+  end
   local r = {}
-  for i = 1, nread do r[SUBMIT_READ[i]] = vals[i] end
+  for i = 1, #SUBMIT_READ do r[SUBMIT_READ[i]] = vals[X + i] end
   local set = {} -- fields of the record written by one HSET at the end
   local function put(f, v)
     set[#set + 1] = f
@@ -440,22 +466,8 @@ local function submit_one(a)
   local outcome
   local changed = false -- whether the view changed (published only then)
   if not active then
-    local last = tonumber(r.lastSuccessAt)
-    if a.min_interval > 0 and last and (src == 'schedule' or src == 'foreground')
-        and now - last < a.min_interval then
-      coalesce('throttled', 'throttled', vals[nread + 3], vals[nread + 4])
-      outcome = 'throttled'
-    else
-      new_run({task = task, streams = a.streams, hist = hist, key = a.key, subject = a.subject,
-        run_id = a.run_id, stages = a.stages, max_attempts = a.max_attempts, sources = src, source = src,
-        now = now, exists = status ~= false, co = r.co})
-      hist_add(hist, a.cap, now, 'requested', a.run_id, {source = src, outcome = 'started'})
-      redis.call('ZADD', a.index, now, a.key)
-      seen()
-      r = {runId = a.run_id, status = 'queued', stages = a.stages, done = '0', attempt = '0',
-        maxAttempts = a.max_attempts, sources = src, requestedAt = now, updatedAt = now}
-      outcome, changed = 'started', true
-    end
+    coalesce('throttled', 'throttled', vals[3], vals[4])
+    outcome = 'throttled'
   elseif a.policy == 'join' then
     local srcs = list_add(r.sources, src)
     if srcs ~= r.sources then
@@ -463,7 +475,7 @@ local function submit_one(a)
       seen()
       changed = true
     end
-    coalesce('joined', 'joined', vals[nread + 1], vals[nread + 2])
+    coalesce('joined', 'joined', vals[1], vals[2])
     -- A person joining a queued bulk run promotes it to the people lane.
     if is_person(src) and status == 'queued' and r.lane ~= 'p' then
       ack_entry(a.streams.b, a.group, r.entry)
@@ -474,13 +486,13 @@ local function submit_one(a)
     if changed then put('updatedAt', now) end
     outcome = 'joined'
   elseif a.policy == 'skip' then
-    coalesce('skipped', 'skipped', vals[nread + 1], vals[nread + 2])
+    coalesce('skipped', 'skipped', vals[1], vals[2])
     outcome = 'skipped'
   elseif a.policy == 'queue' then
     put('followUp', '1')
     put('followUpSources', list_add(r.followUpSources, src))
     put('updatedAt', now)
-    coalesce('requested', 'queued', vals[nread + 1], vals[nread + 2])
+    coalesce('requested', 'queued', vals[1], vals[2])
     outcome, changed = 'queued', true
   else
     -- replace: the active run is cancelled through the registry and a
@@ -508,19 +520,8 @@ local function submit_one(a)
   if a.occ ~= '' then put(a.occ_field, a.occ) end
   if #set > 0 then redis.call('HSET', task, unpack(set)) end
   if changed then publish_view(task, a.events, a.watch) end
-  return outcome, r
-end
-
--- view_reply encodes the view fields as one string, US-separated in
--- VIEW_FIELDS order (jobs.viewFromReply): one reply value instead of a
--- list. r is a record table by field name (as submit_one returns it), or
--- nil with vals, an HMGET whose first values are VIEW_FIELDS'.
-local function view_reply(r, vals)
-  local out = {}
-  for i = 1, #VIEW_FIELDS do
-    if r then out[i] = r[VIEW_FIELDS[i]] or '' else out[i] = vals[i] or '' end
-  end
-  return table.concat(out, US)
+  if not r then return outcome end -- rewritten: the caller reads the view
+  return outcome, view_reply(r)
 end
 
 -- read_lanes reads up to n new entries for consumer from the preferred
