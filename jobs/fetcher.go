@@ -13,14 +13,17 @@ import (
 	"github.com/tasklease/tasklease/internal/wait"
 )
 
-// bulkFirstEvery: one read in this many takes the bulk lane first, so bulk
-// work keeps at least that share of a runner's reads however many
-// people's requests arrive: it is never starved.
+// bulkFirstEvery: one read of a partition in this many takes its bulk lane
+// first, so bulk work keeps at least that share of the partition's reads
+// however many people's requests arrive: it is never starved. Counted per
+// partition: a runner-wide count could keep landing on partitions whose
+// bulk lane is empty while another partition's bulk work waits.
 const bulkFirstEvery = 8
 
-// readOrder returns the lanes in the order the next read takes them.
-func (r *Runner) readOrder() (first, second keyspace.Lane) {
-	if r.reads.Add(1)%bulkFirstEvery == 0 {
+// readOrder returns the lanes in the order the next read of partition p
+// takes them.
+func (r *Runner) readOrder(p int) (first, second keyspace.Lane) {
+	if r.reads[p].Add(1)%bulkFirstEvery == 0 {
 		return keyspace.LaneBulk, keyspace.LanePeople
 	}
 	return keyspace.LanePeople, keyspace.LaneBulk
@@ -29,7 +32,7 @@ func (r *Runner) readOrder() (first, second keyspace.Lane) {
 // readCall builds a read_next.lua call: up to n new entries of partition p,
 // lane by lane.
 func (r *Runner) readCall(p, n int) *scriptCall {
-	first, second := r.readOrder()
+	first, second := r.readOrder(p)
 	ks := r.reg.ks
 	return &scriptCall{script: r.reg.scripts.readNext,
 		keys: []string{ks.Stream(p, first), ks.Stream(p, second)},

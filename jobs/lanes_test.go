@@ -8,7 +8,6 @@ package jobs
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -424,18 +423,12 @@ func TestLanesBulkNotStarvedInAnyPartition(t *testing.T) {
 	lnStarve(t, "ln4", 4, 1, 600, 4*(bulkFirstEvery+3))
 }
 
-// The same with the default shape, 16 partitions and concurrency 16.
-//
-// Known problem (reported): the bulk-first turn is one counter per runner
-// (Runner.reads), not per partition, so a bulk-first read often goes to a
-// partition whose bulk lane is empty while another partition's bulk run
-// keeps waiting behind its people's requests; measured waits reach
-// thousands of runs (vs about 16 × bulkFirstEvery). Skipped unless
-// TASKLEASE_KNOWN_BUGS=1; remove the skip with the fix.
+// The same with the default shape, 16 partitions and concurrency 16. (With
+// one bulk-first counter per runner instead of per partition, bulk-first
+// reads often went to partitions whose bulk lane was empty while another
+// partition's bulk run waited behind its people's requests for thousands
+// of runs.)
 func TestLanesBulkNotStarvedInAnyPartitionDefaults(t *testing.T) {
 	t.Parallel()
-	if os.Getenv("TASKLEASE_KNOWN_BUGS") == "" {
-		t.Skip("known problem: per-partition bulk waits are unbounded at 16 partitions × concurrency 16 (TASKLEASE_KNOWN_BUGS=1 runs it)")
-	}
 	lnStarve(t, "ln5", 16, 16, 1500, 2*16*(bulkFirstEvery+3))
 }

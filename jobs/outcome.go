@@ -29,7 +29,7 @@ func (r *Runner) finish(job *Job, p int, lease leasing.Lease, runID, result, com
 	read, first := 0, keyspace.LanePeople
 	if readNext && r.taking() {
 		read = 1
-		first, _ = r.readOrder()
+		first, _ = r.readOrder(p)
 	}
 	// Finish must land even when the run's context was cancelled (cancel,
 	// shutdown); it is bounded by the lease instead.

@@ -127,7 +127,7 @@ type Runner struct {
 	workCancel context.CancelCauseFunc
 	fetchCtx   context.Context // taking work: Run's context
 
-	reads atomic.Uint64 // reads so far (readOrder: one in bulkFirstEvery takes bulk first)
+	reads []atomic.Uint64 // reads so far per partition (readOrder: one in bulkFirstEvery takes bulk first)
 
 	// testHooks are set by this package's tests before Run; nil in
 	// production.
@@ -159,7 +159,7 @@ func NewRunner(reg *Registry, cfg RunnerConfig) (*Runner, error) {
 	owner := cfg.ID + "/" + newRunID()[:6]
 	return &Runner{
 		reg: reg, cfg: cfg, owner: owner, reclaimIdle: reclaimIdle,
-		reclaimFrom: make([]string, reg.ks.Partitions()*len(keyspace.Lanes())), consumerIdle: ConsumerIdleLimit,
+		reclaimFrom: make([]string, reg.ks.Partitions()*len(keyspace.Lanes())), reads: make([]atomic.Uint64, reg.ks.Partitions()), consumerIdle: ConsumerIdleLimit,
 		log:    reg.log.With(slog.String("owner", owner)),
 		slots:  make(chan struct{}, cfg.Concurrency),
 		active: make(map[string]map[*context.CancelCauseFunc]struct{}),

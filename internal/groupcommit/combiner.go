@@ -32,8 +32,12 @@ func NewCombiner[T any](maxInFlight, maxBatch int, flush func([]T)) *Combiner[T]
 }
 
 // Add queues item and returns once a flush has completed it, or when ctx
-// ends (the item may still be flushed).
+// ends (the item may still be flushed). An item whose ctx has already ended
+// is not queued.
 func (c *Combiner[T]) Add(ctx context.Context, item T) error {
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
 	w := &waiting[T]{item: item, done: make(chan struct{})}
 	c.mu.Lock()
 	c.pending = append(c.pending, w)
