@@ -75,15 +75,16 @@ func (r *Registry) flushSubmits(reqs []*submitReq) {
 }
 
 // viewFromReply builds the TaskView of k from submit.lua's encoded view
-// (the values of viewFields, separated by histSep).
+// (the values of viewFieldNames, separated by histSep).
 func viewFromReply(k taskkey.Key, s string) TaskView {
-	vals := strings.Split(s, histSep)
-	f := make(map[string]string, len(viewFields)+3)
-	f["key"], f["subject"], f["scope"] = k.String(), k.Subject(), k.Scope()
-	for i, name := range viewFields {
-		if i < len(vals) {
-			f[name] = vals[i]
+	var vals [vfCount]string
+	for i := range vals {
+		v, rest, ok := strings.Cut(s, histSep)
+		vals[i] = v
+		if !ok {
+			break
 		}
+		s = rest
 	}
-	return viewFromRecord(f)
+	return viewFromValues(k.String(), k.Subject(), k.Scope(), vals[:])
 }

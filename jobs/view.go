@@ -43,51 +43,91 @@ type TaskView struct {
 // viewFromRecord builds a TaskView from a run record's fields (an HGETALL,
 // or the JSON object scripts publish).
 func viewFromRecord(f map[string]string) TaskView {
+	var vals [len(viewFieldNames)]string
+	for i, name := range viewFieldNames {
+		vals[i] = f[name]
+	}
+	return viewFromValues(f["key"], f["subject"], f["scope"], vals[:])
+}
+
+// Positions of the view fields in viewFieldNames (VIEW_FIELDS in
+// lua/lib.lua), so a reply is read without a map.
+const (
+	vfRunID = iota
+	vfStatus
+	vfStage
+	vfStages
+	vfDone
+	vfAttempt
+	vfMaxAttempts
+	vfSources
+	vfOwner
+	vfToken
+	vfRequestedAt
+	vfStartedAt
+	vfUpdatedAt
+	vfFinishedAt
+	vfNextAttemptAt
+	vfLastError
+	vfCancel
+	vfFollowUp
+	vfWaiting
+	vfCount
+)
+
+// viewFieldNames are the record fields a TaskView shows, in the order of
+// VIEW_FIELDS in lua/lib.lua: submit.lua replies with their values only
+// (viewFromReply).
+var viewFieldNames = [vfCount]string{"runId", "status", "stage", "stages", "done", "attempt", "maxAttempts", "sources",
+	"owner", "token", "requestedAt", "startedAt", "updatedAt", "finishedAt", "nextAttemptAt", "lastError",
+	"cancel", "followUp", "waiting"}
+
+// viewFromValues builds a TaskView from the values of viewFieldNames
+// (missing trailing values read as empty).
+func viewFromValues(key, subject, scope string, vals []string) TaskView {
+	get := func(i int) string {
+		if i < len(vals) {
+			return vals[i]
+		}
+		return ""
+	}
 	v := TaskView{
-		Key:             f["key"],
-		Subject:         f["subject"],
-		Scope:           f["scope"],
-		RunID:           f["runId"],
-		Status:          Status(f["status"]),
-		Stage:           f["stage"],
-		Stages:          splitList(f["stages"]),
-		Owner:           f["owner"],
-		LastError:       f["lastError"],
-		CancelRequested: f["cancel"] == "1",
-		FollowUpQueued:  f["followUp"] == "1",
-		Waiting:         f["waiting"],
-		RequestedAt:     timeField(f["requestedAt"]),
-		StartedAt:       timeField(f["startedAt"]),
-		UpdatedAt:       timeField(f["updatedAt"]),
-		FinishedAt:      timeField(f["finishedAt"]),
-		NextAttemptAt:   timeField(f["nextAttemptAt"]),
+		Key:             key,
+		Subject:         subject,
+		Scope:           scope,
+		RunID:           get(vfRunID),
+		Status:          Status(get(vfStatus)),
+		Stage:           get(vfStage),
+		Stages:          splitList(get(vfStages)),
+		Owner:           get(vfOwner),
+		LastError:       get(vfLastError),
+		CancelRequested: get(vfCancel) == "1",
+		FollowUpQueued:  get(vfFollowUp) == "1",
+		Waiting:         get(vfWaiting),
+		RequestedAt:     timeField(get(vfRequestedAt)),
+		StartedAt:       timeField(get(vfStartedAt)),
+		UpdatedAt:       timeField(get(vfUpdatedAt)),
+		FinishedAt:      timeField(get(vfFinishedAt)),
+		NextAttemptAt:   timeField(get(vfNextAttemptAt)),
 	}
 	if v.Status == "" {
 		v.Status = StatusIdle
 	}
-	v.Attempt, _ = strconv.Atoi(f["attempt"])
-	v.MaxAttempts, _ = strconv.Atoi(f["maxAttempts"])
+	v.Attempt, _ = strconv.Atoi(get(vfAttempt))
+	v.MaxAttempts, _ = strconv.Atoi(get(vfMaxAttempts))
 	if v.Attempt > 0 { // 'token' is also the key's fencing counter: a new run shows none yet
-		v.FencingToken, _ = strconv.ParseInt(f["token"], 10, 64)
+		v.FencingToken, _ = strconv.ParseInt(get(vfToken), 10, 64)
 	}
-	done, _ := strconv.Atoi(f["done"])
+	done, _ := strconv.Atoi(get(vfDone))
 	v.CompletedStages = v.Stages[:min(max(done, 0), len(v.Stages))]
-	for _, s := range splitList(f["sources"]) {
-		v.Sources = append(v.Sources, Source(s))
-	}
-	if v.Sources == nil {
-		v.Sources = []Source{}
+	srcs := splitList(get(vfSources))
+	v.Sources = make([]Source, len(srcs))
+	for i, s := range srcs {
+		v.Sources[i] = Source(s)
 	}
 	v.CanCancel = v.Status.Active() && !v.CancelRequested
 	return v
 }
-
-// viewFields are the record fields a TaskView shows, in the order of
-// VIEW_FIELDS in lua/lib.lua: submit.lua replies with their values only
-// (viewFromReply).
-var viewFields = []string{"runId", "status", "stage", "stages", "done", "attempt", "maxAttempts", "sources",
-	"owner", "token", "requestedAt", "startedAt", "updatedAt", "finishedAt", "nextAttemptAt", "lastError",
-	"cancel", "followUp", "waiting"}
 
 func idleView(key, subject, scope string, stages []string) TaskView {
 	return TaskView{Key: key, Subject: subject, Scope: scope, Status: StatusIdle,

@@ -10,7 +10,7 @@ import (
 )
 
 // TestViewFieldsMatchLua: submit.lua replies with the values of
-// VIEW_FIELDS (lib.lua) in order; viewFields must name the same fields in
+// VIEW_FIELDS (lib.lua) in order; viewFieldNames[:] must name the same fields in
 // the same order.
 func TestViewFieldsMatchLua(t *testing.T) {
 	src, err := lua.Source("submit")
@@ -25,8 +25,8 @@ func TestViewFieldsMatchLua(t *testing.T) {
 	for _, q := range regexp.MustCompile(`'([A-Za-z]+)'`).FindAllStringSubmatch(m[1], -1) {
 		got = append(got, q[1])
 	}
-	if !slices.Equal(got, viewFields) {
-		t.Fatalf("VIEW_FIELDS %v, viewFields %v", got, viewFields)
+	if !slices.Equal(got, viewFieldNames[:]) {
+		t.Fatalf("VIEW_FIELDS %v, viewFieldNames[:] %v", got, viewFieldNames[:])
 	}
 	m = regexp.MustCompile(`(?s)local SUBMIT_READ = \{(.*?)\}`).FindStringSubmatch(src)
 	if m == nil {
@@ -36,8 +36,8 @@ func TestViewFieldsMatchLua(t *testing.T) {
 	for _, q := range regexp.MustCompile(`'([A-Za-z]+)'`).FindAllStringSubmatch(m[1], -1) {
 		read = append(read, q[1])
 	}
-	if len(read) < len(viewFields) || !slices.Equal(read[:len(viewFields)], viewFields) {
-		t.Fatalf("SUBMIT_READ %v must start with VIEW_FIELDS %v (a reply is cut from its HMGET)", read, viewFields)
+	if len(read) < len(viewFieldNames[:]) || !slices.Equal(read[:len(viewFieldNames[:])], viewFieldNames[:]) {
+		t.Fatalf("SUBMIT_READ %v must start with VIEW_FIELDS %v (a reply is cut from its HMGET)", read, viewFieldNames[:])
 	}
 	if !strings.Contains(src, "'\\31'") || histSep != "\x1f" {
 		t.Fatal("the history/view separator differs between Lua (US, \\31) and Go")
