@@ -46,6 +46,7 @@ func (e *Error) Unwrap() error { return ErrInvalid }
 type Key struct {
 	subject string
 	scope   string
+	s       string // "<subject>|<scope>", joined once: keys are formatted on every Redis call
 }
 
 // New validates subject and scope and returns their key.
@@ -56,7 +57,7 @@ func New(subject, scope string) (Key, error) {
 	if err := ValidateScope(scope); err != nil {
 		return Key{}, err
 	}
-	return Key{subject: subject, scope: scope}, nil
+	return Key{subject: subject, scope: scope, s: subject + Separator + scope}, nil
 }
 
 // MustNew is New for constants in tests and examples; it panics on bad input.
@@ -84,7 +85,12 @@ func (k Key) Subject() string { return k.subject }
 func (k Key) Scope() string { return k.scope }
 
 // String returns "<subject>|<scope>".
-func (k Key) String() string { return k.subject + Separator + k.scope }
+func (k Key) String() string {
+	if k.s == "" {
+		return k.subject + Separator + k.scope
+	}
+	return k.s
+}
 
 // IsZero reports whether k is the zero (invalid) Key.
 func (k Key) IsZero() bool { return k.subject == "" }
