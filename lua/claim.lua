@@ -48,11 +48,14 @@ local function claim_one(task, lease_key, hist, lane, entry_id, run_id, source, 
     return {'busy', holder, pttl}
   end
 
-  local c = {task = task, streams = streams, hist = hist, index = KEYS[1], group = group, cap = cap,
-    retention = ARGV[5], next_run_id = next_run_id, stages = def_stages, max_attempts = def_max, now = now}
+  -- what finish_terminal needs when the claim ends the run here (rare)
+  local function ending()
+    return {task = task, streams = streams, hist = hist, index = KEYS[1], group = group, cap = cap,
+      retention = ARGV[5], next_run_id = next_run_id, stages = def_stages, max_attempts = def_max, now = now}
+  end
   -- A cancel (or replace) ends the run at once, even during its retry backoff.
   if rec[3] == '1' then
-    finish_terminal(c, 'cancelled', 'cancelled')
+    finish_terminal(ending(), 'cancelled', 'cancelled')
     publish_view(task, channel, KEYS[2])
     return {'ack'}
   end
@@ -95,7 +98,7 @@ local function claim_one(task, lease_key, hist, lane, entry_id, run_id, source, 
     -- paused or was cut off.
     hist_add(hist, cap, now, 'lease-lost', run_id, {owner = rec[7] or '', token = rec[8] or ''})
     if attempt >= max_attempts then
-      finish_terminal(c, 'failed', 'lease expired on the last attempt (' .. attempt .. ' of ' .. max_attempts .. ')')
+      finish_terminal(ending(), 'failed', 'lease expired on the last attempt (' .. attempt .. ' of ' .. max_attempts .. ')')
       publish_view(task, channel, KEYS[2])
       return {'ack'}
     end

@@ -386,7 +386,8 @@ local function view_reply(r, vals, off)
   return table.concat(out, US)
 end
 
--- submit_one routes one TaskStartRequest (see submit.lua for the rules).
+-- submit_one routes one TaskStartRequest (see submit.lua for the rules);
+-- vals is submit_read's reply when the caller has it.
 -- Dedup is by task key only; the source is recorded, never compared. A
 -- request that changes nothing (a repeated join, skip, queue or throttle)
 -- reads the record once and writes one field.
@@ -398,14 +399,38 @@ end
 -- throttled, or duplicate when occ_field already holds occ or a later
 -- occurrence (unix seconds) — this occurrence already reached the key, or a
 -- newer one did; nothing is written.
-local function submit_one(a)
+-- submit_read reads what submit_one decides on (one HMGET): the coalescing
+-- counters of this request's outcomes and its occurrence field (indices
+-- 1..5), then SUBMIT_READ (from index 6).
+local function submit_read(task, src, policy, occ_field)
+  local po = POLICY_OUTCOME[policy] or 'replaced'
+  return redis.call('HMGET', task, co_field(src, po), n_field(src, po), co_field(src, 'throttled'),
+    n_field(src, 'throttled'), occ_field ~= '' and occ_field or 'runId', unpack(SUBMIT_READ))
+end
+
+-- submit_fast answers a request that changes nothing but a counter — a
+-- repeated join (of a source the run already has, needing no promotion)
+-- or skip on an active run — with one HSET; vals is submit_read's reply.
+-- Returns outcome and view, or nil when submit_one must decide.
+local function submit_fast(task, src, policy, vals, now)
+  local status = vals[7]
+  if not (status == 'queued' or status == 'running' or status == 'retrying') then return nil end
+  if not co_of_run(vals[1], vals[6]) then return nil end
+  if policy == 'join' then
+    if not list_has(vals[13], src) or (is_person(src) and status == 'queued' and vals[27] ~= 'p') then return nil end
+  elseif policy ~= 'skip' then
+    return nil
+  end
+  local po = POLICY_OUTCOME[policy]
+  redis.call('HSET', task, n_field(src, po), repeat_count(vals[2], now))
+  return po, view_reply(nil, vals, 5)
+end
+
+local function submit_one(a, vals)
   local task, hist, now, src = a.task, a.hist, a.now, a.source
-  local po = POLICY_OUTCOME[a.policy] or 'replaced'
-  -- One read: the coalescing counters of this request's outcomes and its
-  -- occurrence field (X_* below), then SUBMIT_READ (from index X + 1).
-  local vals = redis.call('HMGET', task, co_field(src, po), n_field(src, po), co_field(src, 'throttled'),
-    n_field(src, 'throttled'), a.occ ~= '' and a.occ_field or 'runId', unpack(SUBMIT_READ))
-  local X = 5
+  local tried_fast = vals ~= nil -- a caller that read vals has tried submit_fast
+  vals = vals or submit_read(task, src, a.policy, a.occ ~= '' and a.occ_field or '')
+  local X = 5 -- SUBMIT_READ starts at vals[X + 1]
   -- A repeat of this occurrence, or a late batch of an older one (a leader
   -- paused past its term), writes nothing: occurrences only move forward.
   if a.occ ~= '' and (tonumber(vals[5]) or -1) >= tonumber(a.occ) then
@@ -413,17 +438,9 @@ local function submit_one(a)
   end
   local cur, status = vals[X + 1], vals[X + 2]
   local active = status == 'queued' or status == 'running' or status == 'retrying'
-  -- Fast path: a repeated join (of a source the run already has, needing no
-  -- promotion) or skip on an active run changes nothing but a counter.
-  if active and a.occ == '' and co_of_run(vals[1], cur) then
-    local fast = a.policy == 'skip'
-    if a.policy == 'join' then
-      fast = list_has(vals[X + 8], src) and not (is_person(src) and status == 'queued' and vals[X + 22] ~= 'p')
-    end
-    if fast then
-      redis.call('HSET', task, n_field(src, po), repeat_count(vals[2], now))
-      return po, view_reply(nil, vals, X)
-    end
+  if a.occ == '' and not tried_fast then
+    local outcome, view = submit_fast(task, src, a.policy, vals, now)
+    if outcome then return outcome, view end
   end
   -- A new run (no active one, not throttled): nothing read is needed but
   -- whether the record exists, and the reply is what was written.

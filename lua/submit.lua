@@ -25,12 +25,17 @@ local streams = {b = KEYS[1], p = KEYS[5]}
 local out = {}
 for i = 1, (#KEYS - 5) / 3 do
   local k, j = 3 + 3 * i, 5 + 8 * (i - 1)
-  local outcome, view = submit_one({task = KEYS[k], hist = KEYS[k + 1], streams = streams, index = KEYS[2],
-    subjects = KEYS[k + 2], retry = KEYS[3], watch = KEYS[4],
-    key = ARGV[j + 1], subject = ARGV[j + 2], source = ARGV[j + 3], policy = ARGV[j + 4], run_id = ARGV[j + 5],
-    stages = ARGV[j + 6], max_attempts = ARGV[j + 7], min_interval = tonumber(ARGV[j + 8]), cap = ARGV[1],
-    events = ARGV[2], cancels = ARGV[3], group = ARGV[4], retention = ARGV[5],
-    occ_field = '', occ = '', now = now})
+  local task, source, policy = KEYS[k], ARGV[j + 3], ARGV[j + 4]
+  local vals = submit_read(task, source, policy, '')
+  local outcome, view = submit_fast(task, source, policy, vals, now)
+  if not outcome then
+    outcome, view = submit_one({task = task, hist = KEYS[k + 1], streams = streams, index = KEYS[2],
+      subjects = KEYS[k + 2], retry = KEYS[3], watch = KEYS[4],
+      key = ARGV[j + 1], subject = ARGV[j + 2], source = source, policy = policy, run_id = ARGV[j + 5],
+      stages = ARGV[j + 6], max_attempts = ARGV[j + 7], min_interval = tonumber(ARGV[j + 8]), cap = ARGV[1],
+      events = ARGV[2], cancels = ARGV[3], group = ARGV[4], retention = ARGV[5],
+      occ_field = '', occ = '', now = now}, vals)
+  end
   if not view then view = view_reply(nil, redis.call('HMGET', KEYS[k], unpack(VIEW_FIELDS)), 0) end
   out[#out + 1] = outcome
   out[#out + 1] = view
