@@ -75,8 +75,9 @@ local US = '\31'
 local function hist_entry(now, event, run_id, e)
   local err = e.error or ''
   if err ~= '' then err = (string.gsub(err, US, ' ')) end
-  return table.concat({now, event, run_id or '', e.source or '', e.stage or '', e.outcome or '',
-    e.owner or '', tok_str(e.token or ''), err}, US)
+  -- one concatenation, no table
+  return now .. US .. event .. US .. (run_id or '') .. US .. (e.source or '') .. US .. (e.stage or '') .. US ..
+    (e.outcome or '') .. US .. (e.owner or '') .. US .. tok_str(e.token or '') .. US .. err
 end
 
 -- hist_push appends encoded events and trims the list to cap; the trim
