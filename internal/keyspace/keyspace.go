@@ -37,6 +37,8 @@ type Space struct {
 	prefix     string
 	partitions int
 	tags       []string
+	// per partition, the names built once (they are on every script call)
+	requests, people, retry, index, events, cancels, watch []string
 }
 
 // New validates prefix and partitions; empty prefix and zero partitions take
@@ -55,8 +57,16 @@ func New(prefix string, partitions int) (*Space, error) {
 		return nil, fmt.Errorf("%w: partitions %d must be in 1..%d", ErrConfig, partitions, PartitionsMax)
 	}
 	s := &Space{prefix: prefix, partitions: partitions, tags: make([]string, partitions)}
+	names := map[*[]string]string{&s.requests: ":requests", &s.people: ":requests:people", &s.retry: ":retry",
+		&s.index: ":index", &s.events: ":events", &s.cancels: ":cancels", &s.watch: ":watch"}
+	for list := range names {
+		*list = make([]string, partitions)
+	}
 	for p := range s.tags {
 		s.tags[p] = "{" + prefix + ":p" + strconv.Itoa(p) + "}"
+		for list, suffix := range names {
+			(*list)[p] = s.tags[p] + suffix
+		}
 	}
 	return s, nil
 }
@@ -69,7 +79,17 @@ func (s *Space) Partitions() int { return s.partitions }
 
 // Partition returns the partition of a task key.
 func (s *Space) Partition(k taskkey.Key) int {
-	return int(crc32.ChecksumIEEE([]byte(k.String())) % uint32(s.partitions))
+	return int(crc32String(k.String()) % uint32(s.partitions))
+}
+
+// crc32String is crc32.ChecksumIEEE of s without copying s to a []byte
+// (a Partition on every call of the hot path).
+func crc32String(s string) uint32 {
+	crc := ^uint32(0)
+	for i := 0; i < len(s); i++ {
+		crc = crc32.IEEETable[byte(crc)^s[i]] ^ (crc >> 8)
+	}
+	return ^crc
 }
 
 // Tag returns the hash tag of partition p, "{prefix:pN}".
@@ -123,10 +143,10 @@ func (l Lane) Letter() string {
 // Requests is partition p's bulk request stream, read by a consumer group
 // (the name predates lanes, so queued entries of older deployments stay in
 // the bulk lane).
-func (s *Space) Requests(p int) string { return s.tags[p] + ":requests" }
+func (s *Space) Requests(p int) string { return s.requests[p] }
 
 // PeopleRequests is partition p's people request stream.
-func (s *Space) PeopleRequests(p int) string { return s.tags[p] + ":requests:people" }
+func (s *Space) PeopleRequests(p int) string { return s.people[p] }
 
 // Stream returns lane l's request stream of partition p.
 func (s *Space) Stream(p int, l Lane) string {
@@ -137,10 +157,10 @@ func (s *Space) Stream(p int, l Lane) string {
 }
 
 // Retry is partition p's retry queue: a sorted set of task keys by due time.
-func (s *Space) Retry(p int) string { return s.tags[p] + ":retry" }
+func (s *Space) Retry(p int) string { return s.retry[p] }
 
 // Index is partition p's task index: a sorted set of task keys by last update.
-func (s *Space) Index(p int) string { return s.tags[p] + ":index" }
+func (s *Space) Index(p int) string { return s.index[p] }
 
 // Subjects is partition p's sorted set of the subjects requested for scope
 // (by anything but a schedule), scored by the last such request's Redis
@@ -149,15 +169,15 @@ func (s *Space) Index(p int) string { return s.tags[p] + ":index" }
 func (s *Space) Subjects(p int, scope string) string { return s.tags[p] + ":subjects-seen:" + scope }
 
 // Events is partition p's pub/sub channel of TaskView changes.
-func (s *Space) Events(p int) string { return s.tags[p] + ":events" }
+func (s *Space) Events(p int) string { return s.events[p] }
 
 // Group is the consumer group name on every request stream.
 const Group = "runners"
 
 // Cancels is partition p's pub/sub channel of cancel requests (task keys),
 // so a holder stops at once instead of at its next heartbeat.
-func (s *Space) Cancels(p int) string { return s.tags[p] + ":cancels" }
+func (s *Space) Cancels(p int) string { return s.cancels[p] }
 
 // Watch is partition p's watch key: while it exists, scripts publish every
 // TaskView change on Events(p). Subscribers keep it alive.
-func (s *Space) Watch(p int) string { return s.tags[p] + ":watch" }
+func (s *Space) Watch(p int) string { return s.watch[p] }

@@ -168,3 +168,16 @@ func TestDistribution(t *testing.T) {
 		}
 	}
 }
+
+func TestPartitionIsCRC32OfTheKey(t *testing.T) {
+	s, err := keyspace.New("tl", 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 500 {
+		k := taskkey.MustNew(fmt.Sprintf("subject-%d", i), "message_sync")
+		if got, want := s.Partition(k), int(crc32.ChecksumIEEE([]byte(k.String()))%16); got != want {
+			t.Fatalf("Partition(%s) = %d, want crc32 %% 16 = %d", k, got, want)
+		}
+	}
+}
