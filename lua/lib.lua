@@ -550,7 +550,9 @@ local function read_lanes(out, first, second, first_letter, second_letter, group
   local streams, letters = {first, second}, {first_letter, second_letter}
   for i = 1, 2 do
     if want <= 0 then break end
-    local res = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', want, 'STREAMS', streams[i], '>')
+    -- XLEN is O(1); reading an empty lane is not (the other lane is often empty)
+    local res = redis.call('XLEN', streams[i]) > 0 and
+      redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', want, 'STREAMS', streams[i], '>')
     if res then
       for _, e in ipairs(res[1][2]) do
         out[#out + 1] = letters[i]
