@@ -17,8 +17,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tasklease/tasklease/internal/keyspace"
+	"github.com/tasklease/tasklease/internal/seeding"
 	"github.com/tasklease/tasklease/jobs"
-	"github.com/tasklease/tasklease/taskkey"
 	"github.com/tasklease/tasklease/triggers"
 )
 
@@ -108,36 +108,9 @@ func (b *bench) fanout(rep int) error {
 	return b.reset() // a million records: give the memory back at once
 }
 
-// seedSubjects ZADDs subjects f0000000… into their partitions' subject
-// sets of scope, pipelined in chunks.
+// seedSubjects adds subjects f0000000… to the subject sets of scope.
 func seedSubjects(ctx context.Context, rdb redis.UniversalClient, ks *keyspace.Space, n int) error {
-	score := float64(time.Now().UnixMilli())
-	const chunk = 20_000
-	for i := 0; i < n; i += chunk {
-		members := make([][]redis.Z, ks.Partitions())
-		for j := i; j < min(i+chunk, n); j++ {
-			subj := fanoutSubject(j)
-			p := ks.Partition(taskkey.MustNew(subj, scope))
-			members[p] = append(members[p], redis.Z{Score: score, Member: subj})
-		}
-		pipe := rdb.Pipeline()
-		for p, m := range members {
-			if len(m) > 0 {
-				pipe.ZAdd(ctx, ks.Subjects(p, scope), m...)
-			}
-		}
-		if _, err := pipe.Exec(ctx); err != nil {
-			return err
-		}
-	}
-	var seeded int64
-	for p := range ks.Partitions() {
-		seeded += rdb.ZCard(ctx, ks.Subjects(p, scope)).Val()
-	}
-	if seeded != int64(n) {
-		return fmt.Errorf("seeded %d subjects, want %d", seeded, n)
-	}
-	return nil
+	return seeding.Subjects(ctx, rdb, ks, scope, n, fanoutSubject)
 }
 
 func fanoutSubject(i int) string { return fmt.Sprintf("f%07d", i) }
