@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/tasklease/tasklease/checkpoints"
+	"github.com/tasklease/tasklease/taskkey"
 )
 
 // TaskView is what users see of a task: "already running, started 14:03,
@@ -47,7 +48,11 @@ func viewFromRecord(f map[string]string) TaskView {
 	for i, name := range viewFieldNames {
 		vals[i] = f[name]
 	}
-	return viewFromValues(f["key"], f["subject"], f["scope"], vals[:])
+	subject, scope := f["subject"], f["scope"]
+	if subject == "" { // records keep only the key
+		subject, scope, _ = strings.Cut(f["key"], taskkey.Separator)
+	}
+	return viewFromValues(f["key"], subject, scope, vals[:])
 }
 
 // Positions of the view fields in viewFieldNames (VIEW_FIELDS in

@@ -265,9 +265,9 @@ end
 -- exists without its request, nor a request without its record (no
 -- orphans). A record that exists keeps 'token', the key's fencing counter,
 -- and folds its coalesced requests into the history first; a new record
--- writes only the fields that are not empty.
--- r: {task, streams, hist, key, subject, run_id, stages, max_attempts,
---     sources, source, now, exists, co}
+-- writes only the fields that are not empty or implied.
+-- r: {task, streams, hist, key, run_id, stages, max_attempts, sources,
+--     source, now, exists, co}
 local function new_run(r)
   local lane = lane_for(r.sources)
   local id = redis.call('XADD', r.streams[lane], '*', 'key', r.key, 'runId', r.run_id, 'source', r.source)
@@ -281,10 +281,17 @@ local function new_run(r)
     redis.call('PERSIST', r.task)
     redis.call('PERSIST', r.hist)
   else
-    redis.call('HSET', r.task, 'key', r.key, 'subject', r.subject, 'scope', string.sub(r.key, #r.subject + 2),
-      'runId', r.run_id, 'status', 'queued', 'stages', r.stages, 'done', 0, 'attempt', 0,
-      'maxAttempts', r.max_attempts, 'sources', r.sources, 'requestedAt', r.now, 'updatedAt', r.now,
-      'entry', id, 'lane', lane)
+    -- absent fields read as empty: done and attempt as 0, lane as bulk;
+    -- subject and scope are the key's parts
+    if lane == 'p' then
+      redis.call('HSET', r.task, 'key', r.key, 'runId', r.run_id, 'status', 'queued', 'stages', r.stages,
+        'maxAttempts', r.max_attempts, 'sources', r.sources, 'requestedAt', r.now, 'updatedAt', r.now,
+        'entry', id, 'lane', lane)
+    else
+      redis.call('HSET', r.task, 'key', r.key, 'runId', r.run_id, 'status', 'queued', 'stages', r.stages,
+        'maxAttempts', r.max_attempts, 'sources', r.sources, 'requestedAt', r.now, 'updatedAt', r.now,
+        'entry', id)
+    end
   end
   return id
 end
@@ -292,7 +299,7 @@ end
 -- FT_FIELDS are the record fields finish_terminal reads (callers that
 -- already read them pass the HMGET reply, in this order, as rec).
 local FT_FIELDS = {'entry', 'runId', 'key', 'followUp', 'followUpSources', 'stages', 'maxAttempts',
-  'stage', 'owner', 'token', 'lane', 'co', 'cancel', 'nextAttemptAt', 'waiting', 'lastError', 'subject'}
+  'stage', 'owner', 'token', 'lane', 'co', 'cancel', 'nextAttemptAt', 'waiting', 'lastError'}
 
 -- finish_terminal ends the current run as done, failed or cancelled: it
 -- acknowledges its request, records the result, and starts the queued
@@ -341,7 +348,7 @@ local function finish_terminal(c, result, err, rec, before)
     if first == '' then first = 'manual' end
     local stages, max_attempts = rec[6], rec[7]
     if c.stages and c.stages ~= '' then stages, max_attempts = c.stages, c.max_attempts end
-    new_run({task = c.task, streams = c.streams, hist = c.hist, key = rec[3], subject = rec[17],
+    new_run({task = c.task, streams = c.streams, hist = c.hist, key = rec[3],
       run_id = c.next_run_id, stages = stages, max_attempts = max_attempts, sources = srcs, source = first,
       now = c.now, exists = true, co = rec[12]})
     hist_add(c.hist, c.cap, c.now, 'requested', c.next_run_id, {source = first, outcome = 'started'})
@@ -373,7 +380,7 @@ local VIEW_FIELDS = {'runId', 'status', 'stage', 'stages', 'done', 'attempt', 'm
 -- HMGET), then what it decides on.
 local SUBMIT_READ = {'runId', 'status', 'stage', 'stages', 'done', 'attempt', 'maxAttempts', 'sources',
   'owner', 'token', 'requestedAt', 'startedAt', 'updatedAt', 'finishedAt', 'nextAttemptAt', 'lastError',
-  'cancel', 'followUp', 'waiting', 'lastSuccessAt', 'followUpSources', 'lane', 'entry', 'co', 'subject'}
+  'cancel', 'followUp', 'waiting', 'lastSuccessAt', 'followUpSources', 'lane', 'entry', 'co'}
 
 -- view_reply encodes the view fields as one string, US-separated in
 -- VIEW_FIELDS order (jobs.viewFromReply): one reply value instead of a
@@ -404,6 +411,8 @@ end
 -- counters of this request's outcomes and its occurrence field (indices
 -- 1..5), then SUBMIT_READ (from index 6).
 local function submit_read(task, src, policy, occ_field)
+  -- a new key (the common case of a fan-out or a first request): nothing to read
+  if redis.call('EXISTS', task) == 0 then return {} end
   local po = POLICY_OUTCOME[policy] or 'replaced'
   return redis.call('HMGET', task, co_field(src, po), n_field(src, po), co_field(src, 'throttled'),
     n_field(src, 'throttled'), occ_field ~= '' and occ_field or 'runId', unpack(SUBMIT_READ))
@@ -449,9 +458,8 @@ local function submit_one(a, vals)
   local throttled = not active and a.min_interval > 0 and last and (src == 'schedule' or src == 'foreground')
     and now - last < a.min_interval
   if not active and not throttled then
-    new_run({task = task, streams = a.streams, hist = hist, key = a.key, subject = a.subject,
-      run_id = a.run_id, stages = a.stages, max_attempts = a.max_attempts, sources = src, source = src,
-      now = now, exists = status ~= false, co = vals[X + 24]})
+    new_run({task = task, streams = a.streams, hist = hist, key = a.key, run_id = a.run_id, stages = a.stages, max_attempts = a.max_attempts, sources = src, source = src,
+      now = now, exists = status and true or false, co = vals[X + 24]})
     hist_add(hist, a.cap, now, 'requested', a.run_id, {source = src, outcome = 'started'})
     redis.call('ZADD', a.index, now, a.key)
     if src ~= 'schedule' then redis.call('ZADD', a.subjects, now, a.subject) end
