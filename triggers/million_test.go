@@ -17,8 +17,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tasklease/tasklease/internal/keyspace"
-	"github.com/tasklease/tasklease/internal/seeding"
 	"github.com/tasklease/tasklease/internal/redistest"
+	"github.com/tasklease/tasklease/internal/seeding"
 	"github.com/tasklease/tasklease/jobs"
 	"github.com/tasklease/tasklease/taskkey"
 )
