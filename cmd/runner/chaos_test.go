@@ -587,22 +587,37 @@ func (h *chaosHarness) checkOnce(i int, ep *chaosEpoch) (fired, checked int) {
 			first, last := bucketOf(r.at), bucketOf(r.last)
 			spans[s] = append(spans[s], fmt.Sprintf("%s..%s %s/%s ×%d", time.UnixMilli(r.at).Format("15:04:05.000"),
 				time.UnixMilli(r.last).Format("15:04:05.000"), r.event, r.outcome, r.count))
-			if first < 0 && last < 0 {
+			// A span may start before the epoch's first bucket or go on after
+			// its last: the requests outside the window are not this
+			// epoch's to count.
+			before, after := len(bs) > 0 && r.at < bs[0].start, len(bs) > 0 && r.last >= bs[len(bs)-1].end
+			if first < 0 && last < 0 && !(before && after) {
 				continue
 			}
 			if first < 0 {
-				first = last
+				first = 0
 			}
-			if last < first {
-				last = first
+			if last < 0 {
+				last = len(bs) - 1
 			}
-			// Fill the buckets the requests span, oldest first, up to one
-			// request per occurrence each; what is left over stays in the
-			// last one (and fails the check there).
+			// Fill the buckets the requests span, up to one request per
+			// occurrence each: oldest first, or newest first when the span
+			// began before the window. What is left over is dropped when
+			// the span goes past the window on that side; otherwise it stays
+			// in the edge bucket (and fails the check there).
+			idx := make([]int, 0, last-first+1)
+			for i := first; i <= last; i++ {
+				idx = append(idx, i)
+			}
+			drop := after
+			if before && !after {
+				slices.Reverse(idx)
+				drop = true
+			}
 			left := r.count
-			for i := first; i <= last && left > 0; i++ {
+			for n, i := range idx {
 				take := min(left, int64(len(bs[i].occs))-c[i])
-				if i == last {
+				if n == len(idx)-1 && !drop {
 					take = left
 				}
 				if take > 0 {
