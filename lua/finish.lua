@@ -22,7 +22,8 @@
 -- current stage — each followed by the entries read (lane, id, fields)
 -- Cost of a done run: GET lease, HMGET, TIME, DEL lease, XACK, XDEL, HSET,
 -- RPUSH (the stage and the result events together), ZADD index, PEXPIRE x2,
--- EXISTS watch.
+-- EXISTS watch; the read adds XLEN per lane and XREADGROUP for a lane with
+-- entries — instead of a separate read's round trip.
 local function finish()
   local task, lease_key, hist = KEYS[1], KEYS[2], KEYS[5]
   local streams = {b = KEYS[3], p = KEYS[4]}
