@@ -39,15 +39,6 @@ func (r *Runner) readCall(p, n int) *scriptCall {
 		args: []any{keyspace.Group, r.owner, n, first.Letter(), second.Letter()}}
 }
 
-// decodeRead decodes read_next.lua's reply.
-func (r *Runner) decodeRead(ctx context.Context, p int, cmd *redis.Cmd) ([]entry, error) {
-	res, err := cmd.Slice()
-	if err != nil {
-		return nil, err
-	}
-	return r.decodeEntries(ctx, p, res), nil
-}
-
 // decodeEntries decodes entries as read_lanes (lua/lib.lua) lists them:
 // lane letter, id, field list. Entries not written by tasklease are
 // acknowledged and deleted so they are not reclaimed forever.
@@ -106,11 +97,8 @@ func (r *Runner) fetchLoop(ctx context.Context, p int) {
 			return
 		}
 		n := 1 + r.tryAcquire(r.cfg.FetchBatch-1)
-		c := r.readCall(p, n)
-		es, err := []entry(nil), evalGrouped(ctx, r.reg.gc, []*scriptCall{c})
-		if err == nil {
-			es, err = r.decodeRead(ctx, p, c.cmd)
-		}
+		res, err := evalOne(ctx, r.reg.gc, r.readCall(p, n))
+		es := r.decodeEntries(ctx, p, res)
 		r.release(n - len(es))
 		if err != nil {
 			if !onErr(err) {
@@ -123,7 +111,7 @@ func (r *Runner) fetchLoop(ctx context.Context, p int) {
 			r.claimAndStart(ctx, p, es)
 			continue
 		}
-		res, err := r.reg.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{
+		streams, err := r.reg.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{
 			Group: keyspace.Group, Consumer: r.owner,
 			Streams: []string{ks.PeopleRequests(p), ks.Requests(p), ">", ">"},
 			Count:   1, Block: r.cfg.FetchBlock,
@@ -138,7 +126,7 @@ func (r *Runner) fetchLoop(ctx context.Context, p int) {
 			continue
 		}
 		es = es[:0]
-		for _, s := range res {
+		for _, s := range streams {
 			lane := keyspace.LaneBulk
 			if s.Stream == ks.PeopleRequests(p) {
 				lane = keyspace.LanePeople

@@ -177,7 +177,9 @@ func TestLanesPersonJoinPromotesQueuedBulkRun(t *testing.T) {
 				t.Fatalf("manual join: %s run %s, want joined %s", r.Outcome, r.Task.RunID, before["runId"])
 			}
 			after := clRaw(t, e.reg, target, lnScope)
-			if after["lane"] != "p" || after["entry"] == before["entry"] || after["entry"] == "" {
+			// (The new entry's id may equal the old one's: ids are per stream,
+			// and two XADDs in the same millisecond get the same one.)
+			if after["lane"] != "p" || after["entry"] == "" {
 				t.Fatalf("after the manual join: lane %q entry %q (was %q); want lane p and a new entry",
 					after["lane"], after["entry"], before["entry"])
 			}

@@ -40,10 +40,7 @@ func (r *Runner) finish(job *Job, p int, lease leasing.Lease, runID, result, com
 		args: []any{lease.Owner, lease.Token, runID, result, completed, errText, delay.Milliseconds(), keyspace.Group,
 			r.reg.histCap, ks.Events(p), r.reg.retention.Milliseconds(), newRunID(),
 			r.reg.stagesCSV[job.Scope], job.Retry.MaxAttempts, read, first.Letter()}}
-	res, err := []any(nil), evalGrouped(ctx, r.reg.gc, []*scriptCall{fin})
-	if err == nil {
-		res, err = fin.cmd.Slice()
-	}
+	res, err := evalOne(ctx, r.reg.gc, fin)
 	if err != nil || len(res) < 2 {
 		log.Warn("finish failed; the run will be recovered when its lease expires", slog.Any("error", err))
 		return nil

@@ -56,3 +56,12 @@ func evalGrouped(ctx context.Context, gc *groupcommit.Client, calls []*scriptCal
 	}
 	return nil
 }
+
+// evalOne runs one call through evalGrouped and returns its reply as a
+// list.
+func evalOne(ctx context.Context, gc *groupcommit.Client, c *scriptCall) ([]any, error) {
+	if err := evalGrouped(ctx, gc, []*scriptCall{c}); err != nil {
+		return nil, err
+	}
+	return c.cmd.Slice()
+}
