@@ -114,7 +114,11 @@ local function claim_one(task, lease_key, hist, lane, entry_id, run_id, source, 
   local sources = list_add(rec[9], source)
   local started = rec[14]
   local fields = {'status', 'running', 'stage', stage, 'owner', owner, 'token', tok_str(token),
-    'updatedAt', now, 'attempt', attempt_now, 'entry', entry_id, 'lane', lane, 'sources', sources}
+    'updatedAt', now, 'attempt', attempt_now, 'entry', entry_id, 'lane', lane}
+  if sources ~= rec[9] then
+    fields[#fields + 1] = 'sources'
+    fields[#fields + 1] = sources
+  end
   if not started or started == '' then
     started = now
     fields[#fields + 1] = 'startedAt'
