@@ -140,10 +140,11 @@ func (r *Runner) fetchLoop(ctx context.Context, p int) {
 			}
 		}
 		// Wait for a slot per entry (people's lane came first); on shutdown
-		// the entries stay pending and are reclaimed by another runner.
+		// the entries are handed back for another runner to reclaim.
 		for i := range es {
 			if !r.acquire(ctx) {
 				r.release(i)
+				r.handBackEntries(ctx, es)
 				return
 			}
 		}
@@ -165,6 +166,8 @@ func (r *Runner) claimAndStart(ctx context.Context, p int, es []entry) {
 	if err != nil {
 		if ctx.Err() == nil {
 			r.log.Warn("claim failed; the entries will be reclaimed", slog.Int("partition", p), slog.Any("error", err))
+		} else {
+			r.handBackEntries(ctx, es)
 		}
 		for _, lr := range runs {
 			lr.end()
@@ -182,6 +185,34 @@ func (r *Runner) claimAndStart(ctx context.Context, p int, es []entry) {
 		r.start(runs[i], c)
 	}
 }
+
+// handBackEntries makes entries this runner read but never claimed — it
+// was stopping — reclaimable by another runner at once (XCLAIM … IDLE the
+// reclaim idle time) instead of after a whole idle period. Best effort:
+// when Redis is unreachable the entries are reclaimed after that period.
+func (r *Runner) handBackEntries(ctx context.Context, es []entry) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handBackTimeout)
+	defer cancel()
+	for _, l := range keyspace.Lanes() {
+		args := []any{"XCLAIM", "", keyspace.Group, r.owner, 0}
+		for _, e := range es {
+			if e.lane == l {
+				args[1] = r.reg.ks.Stream(e.p, l)
+				args = append(args, e.id)
+			}
+		}
+		if len(args) == 5 {
+			continue
+		}
+		args = append(args, "IDLE", r.reclaimIdle.Milliseconds(), "JUSTID")
+		if err := r.reg.rdb.Do(ctx, args...).Err(); err != nil && !errors.Is(err, redis.Nil) {
+			r.log.Warn("hand-back of unclaimed entries failed; they are reclaimed after the lease TTL", slog.Any("error", err))
+		}
+	}
+}
+
+// handBackTimeout bounds the hand-back of unclaimed entries on shutdown.
+const handBackTimeout = 2 * time.Second
 
 // notGranted logs why an entry was not granted.
 func (r *Runner) notGranted(e entry, c claimResult) {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/tasklease/tasklease/internal/keyspace"
 	"github.com/tasklease/tasklease/internal/redistest"
 	"github.com/tasklease/tasklease/lua"
 	"github.com/tasklease/tasklease/taskkey"
@@ -324,5 +325,57 @@ func TestCancelMessageNamesTheRun(t *testing.T) {
 				t.Errorf("second run %s ended %s (%s), want done: a late cancel of the first run stopped it", v.RunID, v.Status, v.LastError)
 			}
 		})
+	}
+}
+
+// TestStoppingRunnerHandsBackUnclaimedEntries: entries a runner read but
+// did not claim because it was stopping are reclaimable by another runner
+// at once, not a lease TTL later (a rolling deploy would otherwise leave
+// such a request waiting for it).
+func TestStoppingRunnerHandsBackUnclaimedEntries(t *testing.T) {
+	mini := redistest.StartMini(t)
+	rdb := mini.Client(t)
+	e := newEnv(t, rdb, Config{Prefix: "hb", Jobs: []Job{clJob("course_sync", Stage{Name: "pulling", Handler: &counter{}})}})
+	rn, err := NewRunner(e.reg, RunnerConfig{ID: "hb-a", LeaseTTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := rn.ensureGroups(ctx); err != nil {
+		t.Fatal(err)
+	}
+	clSubmit(t, e.reg, "u1", "course_sync", SourceManual, "")
+	clSubmit(t, e.reg, "u2", "course_sync", SourceSchedule, "")
+	var es []entry
+	for p := range e.reg.ks.Partitions() {
+		for _, l := range keyspace.Lanes() {
+			streams, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: keyspace.Group, Consumer: rn.owner,
+				Streams: []string{e.reg.ks.Stream(p, l), ">"}, Count: 10, Block: -1}).Result()
+			if err != nil && !errors.Is(err, redis.Nil) {
+				t.Fatal(err)
+			}
+			for _, s := range streams {
+				for _, m := range s.Messages {
+					en, _ := entryFrom(p, l, m.ID, m.Values)
+					es = append(es, en)
+				}
+			}
+		}
+	}
+	if len(es) != 2 {
+		t.Fatalf("read %d entries, want 2", len(es))
+	}
+	stopped, cancel := context.WithCancel(ctx)
+	cancel()
+	rn.handBackEntries(stopped, es)
+	for _, en := range es {
+		pend, err := rdb.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: e.reg.ks.Stream(en.p, en.lane), Group: keyspace.Group,
+			Idle: rn.reclaimIdle, Start: "-", End: "+", Count: 10}).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(pend) != 1 || pend[0].ID != en.id {
+			t.Errorf("%s: reclaimable now %v, want entry %s", en.key, pend, en.id)
+		}
 	}
 }
