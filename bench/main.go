@@ -54,6 +54,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"syscall"
@@ -132,8 +133,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	quick := fs.Bool("quick", false, "shrink every size ~20x (smoke test, under a minute)")
 	only := fs.String("only", "", "comma-separated measurements to run: "+measureNames())
 	jsonFile := fs.String("json-out", "", "also write the JSON object to this file")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the bench process (both systems' clients and servers) to this file")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: go run . [--json] [--json-out FILE] [--reps N] [--quick] [--only name,name]\n\n")
+		fmt.Fprintf(stderr, "usage: go run . [--json] [--json-out FILE] [--reps N] [--quick] [--only name,name] [--cpuprofile FILE]\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -172,6 +174,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stderr, "bench: redis %s on %s, %d repetition(s), %s sizes\n",
 		b.rep.machine.RedisVersion, srv.addr, *reps, map[bool]string{true: "quick", false: "full"}[*quick])
 
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(stderr, "bench: cpu profile:", err)
+			return 2
+		}
+		defer f.Close()
+		defer pprof.StopCPUProfile()
+	}
 	started := time.Now()
 	for _, m := range selected {
 		b.rep.ran = append(b.rep.ran, m.name)

@@ -111,6 +111,10 @@ func (r *report) rows() []row {
 	return []row{
 		{label: fmt.Sprintf("submit_hot: requests/s (%d requests, %d keys)", sz.HotRequests, sz.HotKeys), key: "submit_hot_per_s", goal: "submit_hot_ratio"},
 		{label: fmt.Sprintf("submit_new: requests/s (%d new keys)", sz.NewRequests), key: "submit_new_per_s", goal: "submit_new_ratio"},
+		{label: "submit_hot: Redis CPU µs per request", key: "submit_hot_redis_cpu_us_per_req", decimals: 1},
+		{label: "submit_hot: bench process CPU µs per request", key: "submit_hot_bench_cpu_us_per_req", decimals: 1},
+		{label: "submit_new: Redis CPU µs per request", key: "submit_new_redis_cpu_us_per_req", decimals: 1},
+		{label: "submit_new: bench process CPU µs per request", key: "submit_new_bench_cpu_us_per_req", decimals: 1},
 		{label: fmt.Sprintf("e2e_1stage: runs/s (%d runs)", sz.E2ERuns), key: "e2e_1stage_per_s", goal: "e2e_1stage_ratio"},
 		{label: fmt.Sprintf("e2e_2stage: runs/s (%d runs; asynq: 1 task each)", sz.E2ERuns), key: "e2e_2stage_per_s", goal: "e2e_2stage_ratio"},
 		{label: "e2e_1stage: runs/s, asynq with its default TaskCheckInterval 1s", key: "e2e_1stage_per_s", asKey: "asynq_default_e2e_1stage_per_s"},

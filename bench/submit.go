@@ -44,7 +44,9 @@ func (b *bench) submitHot(rep int) error {
 	b.check(fmt.Sprintf("submit_hot rep %d asynq: tasks pending in Redis", rep), as.pending, int64(keys))
 
 	b.rep.add2("submit_hot_per_s", tl.rate, as.rate)
-	b.progress("submit_hot rep %d: tasklease %.0f req/s, asynq %.0f req/s (%d requests, %d keys)", rep, tl.rate, as.rate, n, keys)
+	b.addPerRequest("submit_hot", tl.e2eResult, as.e2eResult)
+	b.progress("submit_hot rep %d: tasklease %.0f req/s (Redis CPU %.1f µs/req), asynq %.0f req/s (%.1f µs/req) (%d requests, %d keys)",
+		rep, tl.rate, tl.redisCPUus, as.rate, as.redisCPUus, n, keys)
 	return nil
 }
 
@@ -68,12 +70,14 @@ func (b *bench) submitNew(rep int) error {
 	b.check(fmt.Sprintf("submit_new rep %d asynq: tasks pending in Redis", rep), as.pending, int64(n))
 
 	b.rep.add2("submit_new_per_s", tl.rate, as.rate)
-	b.progress("submit_new rep %d: tasklease %.0f req/s, asynq %.0f req/s (%d requests)", rep, tl.rate, as.rate, n)
+	b.addPerRequest("submit_new", tl.e2eResult, as.e2eResult)
+	b.progress("submit_new rep %d: tasklease %.0f req/s (Redis CPU %.1f µs/req), asynq %.0f req/s (%.1f µs/req) (%d requests)",
+		rep, tl.rate, tl.redisCPUus, as.rate, as.redisCPUus, n)
 	return nil
 }
 
 type tlSubmitResult struct {
-	rate                    float64
+	e2eResult                     // rate and per-request Redis CPU, commands, round trips, bench CPU
 	started, joined, queued int64 // queued: requests in the partition streams afterwards
 }
 
@@ -90,7 +94,10 @@ func (b *bench) submitTasklease(n int, subject func(int) string, source func(int
 	}
 	defer tl.close()
 	var started, joined atomic.Int64
-	start := time.Now()
+	m, err := b.startMeter(tl.trips)
+	if err != nil {
+		return res, err
+	}
 	err = parallel(b.ctx, n, clients, func(i int) error {
 		r, err := tl.reg.Submit(b.ctx, subject(i), scope, jobs.SubmitOptions{Source: source(i), Policy: jobs.PolicyJoin})
 		switch {
@@ -105,18 +112,19 @@ func (b *bench) submitTasklease(n int, subject func(int) string, source func(int
 		}
 		return nil
 	})
-	elapsed := time.Since(start)
 	if err != nil {
 		return res, err
 	}
-	res.rate = float64(n) / elapsed.Seconds()
+	if res.e2eResult, err = m.stop(n); err != nil {
+		return res, err
+	}
 	res.started, res.joined = started.Load(), joined.Load()
 	res.queued, _, err = tl.obs.QueueDepth(b.ctx)
 	return res, err
 }
 
 type asSubmitResult struct {
-	rate                          float64
+	e2eResult
 	enqueued, duplicates, pending int64
 }
 
@@ -130,8 +138,11 @@ func (b *bench) submitAsynq(n int, subject func(int) string) (asSubmitResult, er
 	as := b.newAsynq()
 	defer as.close()
 	var enqueued, dups atomic.Int64
-	start := time.Now()
-	err := parallel(b.ctx, n, clients, func(i int) error {
+	m, err := b.startMeter(as.trips)
+	if err != nil {
+		return res, err
+	}
+	err = parallel(b.ctx, n, clients, func(i int) error {
 		_, err := as.client.EnqueueContext(b.ctx, asynq.NewTask(taskType, []byte(subject(i))), asynq.Unique(24*time.Hour))
 		switch {
 		case err == nil:
@@ -143,11 +154,12 @@ func (b *bench) submitAsynq(n int, subject func(int) string) (asSubmitResult, er
 		}
 		return nil
 	})
-	elapsed := time.Since(start)
 	if err != nil {
 		return res, err
 	}
-	res.rate = float64(n) / elapsed.Seconds()
+	if res.e2eResult, err = m.stop(n); err != nil {
+		return res, err
+	}
 	res.enqueued, res.duplicates = enqueued.Load(), dups.Load()
 	qi, err := as.insp.GetQueueInfo("default")
 	if err != nil {
@@ -155,4 +167,12 @@ func (b *bench) submitAsynq(n int, subject func(int) string) (asSubmitResult, er
 	}
 	res.pending = int64(qi.Pending)
 	return res, nil
+}
+
+// addPerRequest records a submit row's per-request costs: Redis CPU,
+// Redis commands and bench-process CPU.
+func (b *bench) addPerRequest(name string, tl, as e2eResult) {
+	b.rep.add2(name+"_redis_cpu_us_per_req", tl.redisCPUus, as.redisCPUus)
+	b.rep.add2(name+"_redis_calls_per_req", tl.redisCalls, as.redisCalls)
+	b.rep.add2(name+"_bench_cpu_us_per_req", tl.benchCPUus, as.benchCPUus)
 }
