@@ -59,21 +59,32 @@ type Config struct {
 // what is running. It never executes work (a Runner does). Safe for
 // concurrent use; cheap enough to share per process.
 type Registry struct {
-	rdb       redis.UniversalClient
-	gc        *groupcommit.Client // scripts go through it: concurrent calls share round trips
-	submits   *groupcommit.Combiner[*submitReq]
-	ks        *keyspace.Space
-	histCap   int
-	retention time.Duration
-	jobs      map[string]*Job
-	scopes    []string
-	stagesCSV map[string]string // scope → comma-joined stage names
-	log       *slog.Logger
-	metrics   *Metrics
-	leases    *leasing.Manager
-	store     *checkpoints.Store
-	scripts   scripts
-	hub       *hub // the one pub/sub connection of this Registry
+	rdb redis.UniversalClient
+	gc  *groupcommit.Client // scripts go through it: concurrent calls share round trips
+	// singleNode: rdb is one Redis (standalone or Sentinel-managed), where
+	// a script may touch keys of several partitions, so batched scripts
+	// span partitions; on Cluster (or a Ring) each call stays in one
+	// partition's slot.
+	singleNode bool
+	submits    *groupcommit.Combiner[*submitReq]
+	ks         *keyspace.Space
+	histCap    int
+	retention  time.Duration
+	jobs       map[string]*Job
+	scopes     []string
+	stagesCSV  map[string]string // scope → comma-joined stage names
+	log        *slog.Logger
+	metrics    *Metrics
+	leases     *leasing.Manager
+	store      *checkpoints.Store
+	scripts    scripts
+	hub        *hub // the one pub/sub connection of this Registry
+}
+
+// isSingleNode reports whether rdb talks to one Redis server.
+func isSingleNode(rdb redis.UniversalClient) bool {
+	_, ok := rdb.(*redis.Client)
+	return ok
 }
 
 type scripts struct {
@@ -101,12 +112,16 @@ func NewRegistry(rdb redis.UniversalClient, cfg Config) (*Registry, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	gc, err := groupcommit.New(rdb, groupcommit.Config{})
+	lib, err := lua.NewLibrary()
+	if err != nil {
+		return nil, err
+	}
+	gc, err := groupcommit.New(rdb, groupcommit.Config{Library: lib})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	r := &Registry{
-		rdb: rdb, gc: gc, ks: ks, histCap: cfg.HistoryCap, retention: cfg.Retention,
+		rdb: rdb, gc: gc, singleNode: isSingleNode(rdb), ks: ks, histCap: cfg.HistoryCap, retention: cfg.Retention,
 		jobs: make(map[string]*Job, len(cfg.Jobs)), stagesCSV: make(map[string]string, len(cfg.Jobs)),
 		log: cfg.Logger, metrics: newMetrics(), hub: newHub(rdb),
 		scripts: scripts{

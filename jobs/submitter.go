@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/tasklease/tasklease/internal/keyspace"
@@ -29,32 +30,31 @@ type submitReq struct {
 	err           error
 }
 
-// flushSubmits sends reqs, grouped by partition, and sets their results.
+// flushSubmits sends reqs and sets their results: one submit.lua call
+// per partition, or — on a single Redis, where a script may touch any key —
+// one call for the requests of several partitions, up to submitChunk
+// requests a call.
 func (r *Registry) flushSubmits(reqs []*submitReq) {
-	byPart := map[int][]*submitReq{}
+	groups := map[int][]*submitReq{}
 	var order []int
 	for _, q := range reqs {
-		if _, ok := byPart[q.p]; !ok {
-			order = append(order, q.p)
+		g := q.p
+		if r.singleNode {
+			g = 0
 		}
-		byPart[q.p] = append(byPart[q.p], q)
+		if _, ok := groups[g]; !ok {
+			order = append(order, g)
+		}
+		groups[g] = append(groups[g], q)
 	}
 	var calls []*scriptCall
 	var of [][]*submitReq
-	for _, p := range order {
-		part := byPart[p]
+	for _, g := range order {
+		part := groups[g]
 		for len(part) > 0 {
 			chunk := part[:min(len(part), submitChunk)]
 			part = part[len(chunk):]
-			c := &scriptCall{script: r.scripts.submit,
-				keys: make([]string, 0, 5+3*len(chunk)), args: make([]any, 0, 5+8*len(chunk))}
-			c.keys = append(c.keys, r.ks.Requests(p), r.ks.Index(p), r.ks.Retry(p), r.ks.Watch(p), r.ks.PeopleRequests(p))
-			c.args = append(c.args, r.histCap, r.ks.Events(p), r.ks.Cancels(p), keyspace.Group, r.retention.Milliseconds())
-			for _, q := range chunk {
-				c.keys = append(c.keys, r.ks.Task(q.k), r.ks.History(q.k), r.ks.Subjects(p, q.k.Scope()))
-				c.args = append(c.args, q.args[:]...)
-			}
-			calls = append(calls, c)
+			calls = append(calls, r.submitCall(chunk))
 			of = append(of, chunk)
 		}
 	}
@@ -72,6 +72,34 @@ func (r *Registry) flushSubmits(reqs []*submitReq) {
 			q.outcome, q.view = replyString(res[2*j]), replyString(res[2*j+1])
 		}
 	}
+}
+
+// submitCall builds one submit.lua call for reqs: a block of keys per
+// partition they fall in, then theirs.
+func (r *Registry) submitCall(reqs []*submitReq) *scriptCall {
+	var parts []int // partition of each block, in order of first use
+	block := make([]int, len(reqs))
+	for i, q := range reqs {
+		b := slices.Index(parts, q.p)
+		if b < 0 {
+			b = len(parts)
+			parts = append(parts, q.p)
+		}
+		block[i] = b + 1
+	}
+	c := &scriptCall{script: r.scripts.submit,
+		keys: make([]string, 0, 5*len(parts)+3*len(reqs)), args: make([]any, 0, 4+2*len(parts)+9*len(reqs))}
+	c.args = append(c.args, r.histCap, keyspace.Group, r.retention.Milliseconds(), len(parts))
+	for _, p := range parts {
+		c.keys = append(c.keys, r.ks.Requests(p), r.ks.Index(p), r.ks.Retry(p), r.ks.Watch(p), r.ks.PeopleRequests(p))
+		c.args = append(c.args, r.ks.Events(p), r.ks.Cancels(p))
+	}
+	for i, q := range reqs {
+		c.keys = append(c.keys, r.ks.Task(q.k), r.ks.History(q.k), r.ks.Subjects(q.p, q.k.Scope()))
+		c.args = append(c.args, block[i])
+		c.args = append(c.args, q.args[:]...)
+	}
+	return c
 }
 
 // viewFromReply builds the TaskView of k from submit.lua's encoded view

@@ -1,42 +1,53 @@
--- submit: route TaskStartRequests of one partition through the registry
--- (submit_one in lib.lua), one or many per call: concurrent submits of a
--- process are sent together. If a key has no active run a queued run is
--- created and its request appended to the partition stream of its lane;
--- otherwise the conflict policy decides: join, skip, queue (one coalesced
--- follow-up) or replace.
--- KEYS[1] partition bulk request stream   KEYS[2] partition index
--- KEYS[3] partition retry queue
--- KEYS[4] partition watch key (views are published only while it exists)
--- KEYS[5] partition people request stream
--- per request i (1..n): KEYS[3+3i] task record   KEYS[4+3i] history
---   KEYS[5+3i] partition subjects of the request's scope (zset)
--- ARGV[1] history cap   ARGV[2] events channel   ARGV[3] cancel channel
--- ARGV[4] group   ARGV[5] retention (ms)
--- per request i, ARGV[j+1 .. j+8] with j = 5 + 8(i-1): task key, subject,
---   source, policy, new run id, stages (comma list), maxAttempts,
---   minInterval (ms, 0 = none)
+-- submit: route TaskStartRequests through the registry (submit_one in
+-- lib.lua), one or many per call: concurrent submits of a process are sent
+-- together, and on a single Redis (not Cluster) the requests of several
+-- partitions share one call, so the fixed cost of a script call is paid
+-- once per batch. If a key has no active run a queued run is created and
+-- its request appended to the partition stream of its lane; otherwise the
+-- conflict policy decides: join, skip, queue (one coalesced follow-up) or
+-- replace.
+-- KEYS, per partition block q (1..np), KEYS[5q-4 .. 5q]: bulk request
+--   stream, index, retry queue, watch key (views are published only while
+--   it exists), people request stream
+-- then per request i (1..n), with b = 5np: KEYS[b+3i-2] task record
+--   KEYS[b+3i-1] history   KEYS[b+3i] subjects of the request's scope (zset)
+-- ARGV[1] history cap   ARGV[2] group   ARGV[3] retention (ms)   ARGV[4] np
+-- per partition block q: ARGV[3+2q] events channel   ARGV[4+2q] cancel channel
+-- per request i, ARGV[j+1 .. j+9] with j = 4 + 2np + 9(i-1): partition
+--   block q, task key, subject, source, policy, new run id, stages (comma
+--   list), maxAttempts, minInterval (ms, 0 = none)
 -- returns per request: outcome, view (VIEW_FIELDS, US-separated: view_reply)
 --   outcome: started | joined | queued | skipped | replaced | throttled
--- Cost: a repeated join or skip is one HMGET and one HSET of a counter
--- (plus TIME once per call); a new run adds XADD, HSET, RPUSH, ZADD index
--- (and the subjects ZADD for requests that are not schedule), EXISTS watch.
+-- Cost: a repeated join or skip is one EXISTS, one HMGET and one HSET of a
+-- counter (plus TIME once per call); a new run adds XADD, HSET, RPUSH, ZADD
+-- index (and the subjects ZADD for requests that are not schedule), EXISTS
+-- watch.
 local now = now_ms()
-local streams = {b = KEYS[1], p = KEYS[5]}
+local np = tonumber(ARGV[4])
+local base_k, base_a = 5 * np, 4 + 2 * np
+local blocks = {}
 local out = {}
-for i = 1, (#KEYS - 5) / 3 do
-  local k, j = 3 + 3 * i, 5 + 8 * (i - 1)
-  local task, source, policy = KEYS[k], ARGV[j + 3], ARGV[j + 4]
+for i = 1, (#KEYS - base_k) / 3 do
+  local k, j = base_k + 3 * i - 2, base_a + 9 * (i - 1)
+  local task, source, policy = KEYS[k], ARGV[j + 4], ARGV[j + 5]
   local vals = submit_read(task, source, policy, '')
   local outcome, view = submit_fast(task, source, policy, vals, now)
   if not outcome then
-    outcome, view = submit_one({task = task, hist = KEYS[k + 1], streams = streams, index = KEYS[2],
-      subjects = KEYS[k + 2], retry = KEYS[3], watch = KEYS[4],
-      key = ARGV[j + 1], subject = ARGV[j + 2], source = source, policy = policy, run_id = ARGV[j + 5],
-      stages = ARGV[j + 6], max_attempts = ARGV[j + 7], min_interval = tonumber(ARGV[j + 8]), cap = ARGV[1],
-      events = ARGV[2], cancels = ARGV[3], group = ARGV[4], retention = ARGV[5],
+    local q = tonumber(ARGV[j + 1])
+    local pk = 5 * q - 4
+    local streams = blocks[q]
+    if not streams then
+      streams = {b = KEYS[pk], p = KEYS[pk + 4]}
+      blocks[q] = streams
+    end
+    outcome, view = submit_one({task = task, hist = KEYS[k + 1], streams = streams, index = KEYS[pk + 1],
+      subjects = KEYS[k + 2], retry = KEYS[pk + 2], watch = KEYS[pk + 3],
+      key = ARGV[j + 2], subject = ARGV[j + 3], source = source, policy = policy, run_id = ARGV[j + 6],
+      stages = ARGV[j + 7], max_attempts = ARGV[j + 8], min_interval = tonumber(ARGV[j + 9]), cap = ARGV[1],
+      events = ARGV[3 + 2 * q], cancels = ARGV[4 + 2 * q], group = ARGV[2], retention = ARGV[3],
       occ_field = '', occ = '', now = now}, vals)
   end
-  if not view then view = view_reply(nil, redis.call('HMGET', KEYS[k], unpack(VIEW_FIELDS)), 0) end
+  if not view then view = view_reply(nil, redis.call('HMGET', task, unpack(VIEW_FIELDS)), 0) end
   out[#out + 1] = outcome
   out[#out + 1] = view
 end
