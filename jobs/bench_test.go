@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -273,7 +274,7 @@ func benchSubmitParallel(b *testing.B, autopipe bool) {
 	})
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "submits/s")
-	m.report(b, "evalsha", "eval")
+	m.report(b, benchutil.ScriptCommands...)
 	if j := joined.Load(); j != int64(b.N) {
 		b.Errorf("%d of %d submits joined", j, b.N)
 	}
@@ -330,7 +331,7 @@ func benchEndToEnd(b *testing.B, autopipe bool) {
 	comp.wait(b, time.Minute+time.Duration(b.N)*time.Millisecond)
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "runs/s")
-	m.report(b, "evalsha", "eval", "xreadgroup", "xpending", "xclaim")
+	m.report(b, slices.Concat(benchutil.ScriptCommands, []string{"xreadgroup", "xpending", "xclaim"})...)
 }
 
 // BenchmarkSubmitScript: one client, one submit at a time — the latency
@@ -352,7 +353,7 @@ func BenchmarkSubmitScript(b *testing.B) {
 			}
 		}
 		b.StopTimer()
-		m.report(b, "evalsha", "eval")
+		m.report(b, benchutil.ScriptCommands...)
 	})
 	b.Run("join", func(b *testing.B) {
 		srv := benchutil.Server(b)
@@ -370,7 +371,7 @@ func BenchmarkSubmitScript(b *testing.B) {
 			}
 		}
 		b.StopTimer()
-		m.report(b, "evalsha", "eval")
+		m.report(b, benchutil.ScriptCommands...)
 	})
 }
 
@@ -470,7 +471,7 @@ func BenchmarkClaimScript(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	m.report(b, "evalsha", "eval")
+	m.report(b, benchutil.ScriptCommands...)
 }
 
 func BenchmarkAdvanceScript(b *testing.B) {
@@ -490,7 +491,7 @@ func BenchmarkAdvanceScript(b *testing.B) {
 	b.ResetTimer()
 	advanceAll(b, reg, cs)
 	b.StopTimer()
-	m.report(b, "evalsha", "eval")
+	m.report(b, benchutil.ScriptCommands...)
 }
 
 func BenchmarkFinishScript(b *testing.B) {
@@ -518,9 +519,9 @@ func BenchmarkFinishScript(b *testing.B) {
 		finish(&cs[i])
 	}
 	b.StopTimer()
-	m.report(b, "evalsha", "eval")
+	m.report(b, benchutil.ScriptCommands...)
 	st, _ := benchutil.CommandStats(ctx, rdb)
-	if n := st["evalsha"].Calls; n != int64(b.N) {
+	if n := st["evalsha"].Calls + st["fcall"].Calls; n != int64(b.N) {
 		b.Errorf("finish ran %d times, want %d", n, b.N)
 	}
 }
@@ -589,7 +590,7 @@ func TestRoundTripsPerRun(t *testing.T) {
 			if mode == "streaming" {
 				_, stop = startBenchRunner(t, runnerReg, cfg)
 				comp.expect(20) // warm-up: scripts loaded, fetch loops blocking
-				done := runCtr.WaitFor("evalsha:finish", 20)
+				done := runCtr.WaitFor("script:finish", 20)
 				submitAll(t, submitReg, subjects("w", 20), 4)
 				comp.wait(t, 30*time.Second)
 				<-done
@@ -608,7 +609,7 @@ func TestRoundTripsPerRun(t *testing.T) {
 			runCtr.Reset()
 			subCtr.Reset()
 			comp.expect(n)
-			finished := runCtr.WaitFor("evalsha:finish", n)
+			finished := runCtr.WaitFor("script:finish", n)
 			start := time.Now()
 			submitAll(t, submitReg, subjects("r", n), clients)
 			if mode == "backlog" {
@@ -650,7 +651,7 @@ func TestRoundTripsPerRun(t *testing.T) {
 				mode, n, elapsed.Round(time.Millisecond), n/elapsed.Seconds(), runRT, subRT, setup, perRun, roundTripBudget,
 				benchutil.FormatCounts(all, n))
 			// Server-side cross-check: commands only clients send.
-			clientOnly := []string{"evalsha", "eval", "xreadgroup", "xpending", "xclaim", "xgroup|create", "subscribe", "ping"}
+			clientOnly := []string{"evalsha", "eval", "fcall", "xreadgroup", "xpending", "xclaim", "xgroup|create", "subscribe", "ping"}
 			var srvCalls int64
 			for _, c := range clientOnly {
 				srvCalls += st[c].Calls
@@ -661,7 +662,7 @@ func TestRoundTripsPerRun(t *testing.T) {
 			if perRun > roundTripBudget {
 				t.Errorf("%.2f round trips per run on the hot path, budget %d", perRun, roundTripBudget)
 			}
-			if got := runCmds["evalsha:heartbeat"]; got > 0 {
+			if got := runCmds["script:heartbeat"]; got > 0 {
 				t.Logf("note: %d heartbeats in the window", got)
 			}
 			for k, v := range all {

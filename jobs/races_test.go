@@ -49,7 +49,12 @@ func (h *beforeFinish) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 func (h *beforeFinish) check(cmd redis.Cmder) {
-	if args := cmd.Args(); len(args) > 1 && fmt.Sprint(args[0]) == "evalsha" && fmt.Sprint(args[1]) == h.sha {
+	args := cmd.Args()
+	if len(args) < 2 {
+		return
+	}
+	script, _ := lua.ScriptOfFunction(fmt.Sprint(args[1]))
+	if fmt.Sprint(args[0]) == "evalsha" && fmt.Sprint(args[1]) == h.sha || fmt.Sprint(args[0]) == "fcall" && script == "finish" {
 		h.once.Do(h.fn)
 	}
 }

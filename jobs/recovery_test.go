@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/tasklease/tasklease/internal/redistest"
 	"github.com/tasklease/tasklease/leasing"
 	"github.com/tasklease/tasklease/taskkey"
@@ -504,8 +506,9 @@ func TestRecoveryShutdownHandsBack(t *testing.T) {
 	}
 }
 
-// TestRecoveryScriptFlushMidRun: SCRIPT FLUSH while a run is executing only
-// costs an EVAL fallback; the run completes.
+// TestRecoveryScriptFlushMidRun: SCRIPT FLUSH and FUNCTION FLUSH while a
+// run is executing only cost a reload (EVAL fallback, or FUNCTION LOAD);
+// the run completes.
 func TestRecoveryScriptFlushMidRun(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
@@ -520,12 +523,22 @@ func TestRecoveryScriptFlushMidRun(t *testing.T) {
 			recSubmit(t, e, "u1", "course_sync", OutcomeStarted)
 			waitFor(t, 10*time.Second, "stage pulling entered", func() bool { return g.count() == 1 })
 
+			// The engine's code is in Redis as a Functions library (Redis 7)
+			// or as cached scripts (miniredis): flush both.
 			claimSHA := e.reg.scripts.claim.Hash()
-			if ok, err := b.Client.ScriptExists(ctx, claimSHA).Result(); err != nil || !ok[0] {
-				t.Fatalf("claim script not cached before the flush: %v %v", ok, err)
+			libs, err := b.Client.FunctionList(ctx, redis.FunctionListQuery{}).Result()
+			functions := err == nil
+			cached, _ := b.Client.ScriptExists(ctx, claimSHA).Result()
+			if functions && len(libs) == 0 || !functions && (len(cached) != 1 || !cached[0]) {
+				t.Fatalf("engine code not in Redis before the flush: libraries %v (%v), claim cached %v", libs, err, cached)
 			}
 			if err := b.Client.ScriptFlush(ctx).Err(); err != nil {
 				t.Fatal(err)
+			}
+			if functions {
+				if err := b.Client.FunctionFlush(ctx).Err(); err != nil {
+					t.Fatal(err)
+				}
 			}
 			if ok, err := b.Client.ScriptExists(ctx, claimSHA).Result(); err != nil || ok[0] {
 				t.Fatalf("claim script still cached after SCRIPT FLUSH: %v %v", ok, err)

@@ -18,16 +18,18 @@ type scriptCall struct {
 }
 
 // evalGrouped sends calls together, in one pipeline shared with whatever
-// else this process sends meanwhile (groupcommit). After a SCRIPT FLUSH or
-// a Redis restart the calls answered NOSCRIPT did nothing, so they are sent
-// again once their script is loaded — never a call that ran. The error is
+// else this process sends meanwhile (groupcommit), as FCALL or EVALSHA
+// (groupcommit.Client.ScriptCmd). After a SCRIPT FLUSH, FUNCTION FLUSH or
+// a Redis restart the calls answered NOSCRIPT or "Function not found" did
+// nothing, so they are sent again once their script or the library is
+// loaded — never a call that ran. The error is
 // the first call's error; each call's reply is in its cmd.
 func evalGrouped(ctx context.Context, gc *groupcommit.Client, calls []*scriptCall) error {
 	todo := calls
 	for attempt := 0; len(todo) > 0; attempt++ {
 		cmds := make([]redis.Cmder, len(todo))
 		for i, c := range todo {
-			c.cmd = groupcommit.NewEvalSha(ctx, c.script.Hash(), c.keys, c.args...)
+			c.cmd = gc.ScriptCmd(ctx, c.script.Hash(), c.keys, c.args...)
 			cmds[i] = c.cmd
 		}
 		if err := gc.Do(ctx, cmds...); err != nil {
@@ -35,8 +37,23 @@ func evalGrouped(ctx context.Context, gc *groupcommit.Client, calls []*scriptCal
 		}
 		var again []*scriptCall
 		loaded := map[*redis.Script]bool{}
+		fnsLoaded := false
 		for _, c := range todo {
-			if err := c.cmd.Err(); attempt > 0 || err == nil || !redis.HasErrorPrefix(err, "NOSCRIPT") {
+			err := c.cmd.Err()
+			if attempt > 0 || err == nil {
+				continue
+			}
+			if groupcommit.IsFunctionMissing(err) {
+				if !fnsLoaded {
+					if err := gc.LoadFunctions(ctx); err != nil {
+						return err
+					}
+					fnsLoaded = true
+				}
+				again = append(again, c)
+				continue
+			}
+			if !redis.HasErrorPrefix(err, "NOSCRIPT") {
 				continue
 			}
 			if !loaded[c.script] {

@@ -545,6 +545,9 @@ func soakIsHeartbeat(cmd redis.Cmder) bool {
 	switch strings.ToLower(name) {
 	case "evalsha":
 		return body == soakHeartbeatSHA
+	case "fcall":
+		script, _ := lua.ScriptOfFunction(body)
+		return script == "heartbeat"
 	case "eval":
 		return strings.Contains(body, "\n-- heartbeat.lua\n")
 	}

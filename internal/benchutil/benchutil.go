@@ -113,8 +113,9 @@ func ScriptName(sha string) string {
 	return sha
 }
 
-// Counter is a go-redis hook counting the commands a client sends. EVALSHA
-// and EVAL are counted per script ("evalsha:claim"). A pipeline counts one
+// Counter is a go-redis hook counting the commands a client sends. A script
+// run by EVALSHA or FCALL counts as "script:<name>" ("script:claim"), one
+// sent as EVAL (a NOSCRIPT fallback) as "eval:<name>". A pipeline counts one
 // round trip and one command per queued command. Safe for concurrent use.
 type Counter struct {
 	mu         sync.Mutex
@@ -135,7 +136,14 @@ func CmdName(cmd redis.Cmder) string {
 	switch name {
 	case "evalsha", "evalsha_ro":
 		if a := cmd.Args(); len(a) > 1 {
-			return name + ":" + ScriptName(fmt.Sprint(a[1]))
+			return "script:" + ScriptName(fmt.Sprint(a[1]))
+		}
+	case "fcall", "fcall_ro":
+		if a := cmd.Args(); len(a) > 1 {
+			if n, ok := lua.ScriptOfFunction(fmt.Sprint(a[1])); ok {
+				return "script:" + n
+			}
+			return "script:" + fmt.Sprint(a[1])
 		}
 	case "eval", "eval_ro":
 		if a := cmd.Args(); len(a) > 1 {
@@ -267,6 +275,10 @@ func InfoInt(ctx context.Context, rdb redis.UniversalClient, section, field stri
 func ResetStats(ctx context.Context, rdb redis.UniversalClient) error {
 	return rdb.ConfigResetStat(ctx).Err()
 }
+
+// ScriptCommands are the top-level commands that run scripts, for
+// ServerUsec.
+var ScriptCommands = []string{"evalsha", "eval", "fcall"}
 
 // ServerUsec sums usec over the top-level commands in names (e.g. "evalsha"):
 // the server CPU spent in them, nested script commands included.

@@ -21,6 +21,8 @@ import (
 	"fmt"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/tasklease/tasklease/lua"
 )
 
 // Defaults.
@@ -41,6 +43,9 @@ type Config struct {
 	MaxInFlight int
 	// MaxBatch (default MaxBatchDefault).
 	MaxBatch int
+	// Library, when set, runs script calls (ScriptCmd, EvalSha) as FCALL
+	// of its functions on a Redis that has FUNCTION (see functions.go).
+	Library *lua.Library
 }
 
 // Client sends the commands given to it concurrently in shared pipelines.
@@ -48,6 +53,7 @@ type Config struct {
 type Client struct {
 	rdb    redis.UniversalClient
 	groups *Combiner[[]redis.Cmder]
+	fns    *functions // nil: EVALSHA only
 }
 
 // New returns a Client on rdb.
@@ -65,6 +71,9 @@ func New(rdb redis.UniversalClient, cfg Config) (*Client, error) {
 		return nil, fmt.Errorf("%w: MaxInFlight %d and MaxBatch %d must be positive", ErrConfig, cfg.MaxInFlight, cfg.MaxBatch)
 	}
 	c := &Client{rdb: rdb}
+	if cfg.Library != nil {
+		c.fns = &functions{lib: cfg.Library}
+	}
 	c.groups = NewCombiner(cfg.MaxInFlight, cfg.MaxBatch, c.flush)
 	return c, nil
 }
@@ -117,14 +126,24 @@ func (c *Client) Eval(ctx context.Context, script string, keys []string, args ..
 	return c.do(ctx, evalArgs("eval", script, keys, args)...)
 }
 
-// NewEvalSha returns an EVALSHA command to give to Do.
-func NewEvalSha(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd {
-	return redis.NewCmd(ctx, evalArgs("evalsha", sha1, keys, args)...)
-}
-
-// EvalSha implements redis.Scripter.
+// EvalSha implements redis.Scripter: the script runs as ScriptCmd says,
+// once more after reloading the library if Redis had lost it.
 func (c *Client) EvalSha(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd {
-	return c.do(ctx, evalArgs("evalsha", sha1, keys, args)...)
+	cmd := c.ScriptCmd(ctx, sha1, keys, args...)
+	for attempt := 0; ; attempt++ {
+		if err := c.Do(ctx, cmd); err != nil {
+			failed := redis.NewCmd(ctx, cmd.Args()...)
+			failed.SetErr(err)
+			return failed
+		}
+		if attempt > 0 || !IsFunctionMissing(cmd.Err()) {
+			return cmd
+		}
+		if err := c.LoadFunctions(ctx); err != nil {
+			return cmd
+		}
+		cmd = c.ScriptCmd(ctx, sha1, keys, args...)
+	}
 }
 
 // EvalRO implements redis.Scripter.

@@ -480,9 +480,9 @@ func TestScriptRunFallsBackToEvalAfterFlush(t *testing.T) {
 		t.Fatalf("EvalShaRO = %v, %v", v, err)
 	}
 	// A Do of a prepared EVALSHA command.
-	c := groupcommit.NewEvalSha(ctx, script.Hash(), []string{"x", "y"}, "z", 1)
+	c := gc.ScriptCmd(ctx, script.Hash(), []string{"x", "y"}, "z", 1)
 	if err := gc.Do(ctx, c); err != nil || fmt.Sprint(c.Val()) != "[x y z 1 2 2]" {
-		t.Fatalf("NewEvalSha via Do = %v, %v %v", c.Val(), c.Err(), err)
+		t.Fatalf("ScriptCmd via Do = %v, %v %v", c.Val(), c.Err(), err)
 	}
 }
 

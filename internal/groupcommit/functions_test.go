@@ -1,0 +1,115 @@
+package groupcommit_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tasklease/tasklease/internal/groupcommit"
+	"github.com/tasklease/tasklease/internal/redistest"
+	"github.com/tasklease/tasklease/lua"
+)
+
+// withLibrary returns a real-Redis client and a Client running tasklease's
+// library, with the pipeline hook.
+func withLibrary(t *testing.T) (*redis.Client, *groupcommit.Client, *pipeHook, *lua.Library) {
+	t.Helper()
+	lib, err := lua.NewLibrary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb, gc, h := newHooked(t, groupcommit.Config{Library: lib})
+	return rdb, gc, h, lib
+}
+
+// heartbeatArgs: a heartbeat of a lease nobody holds — any script of the
+// library answering deterministically will do.
+func heartbeat(t *testing.T) (*redis.Script, []string, []any) {
+	t.Helper()
+	s, err := lua.Script("read_next")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// read_next on two empty streams: an empty reply, whichever way it ran.
+	return s, []string{"{t}:a", "{t}:b"}, []any{"g", "c", 1, "p", "b"}
+}
+
+// On Redis 7 script calls go out as FCALL of the loaded library, and a
+// FUNCTION FLUSH costs one reload: the call answered "Function not found"
+// did not run and is sent again.
+func TestScriptsRunAsFunctionsAndSurviveFunctionFlush(t *testing.T) {
+	rdb, gc, h, lib := withLibrary(t)
+	ctx := context.Background()
+	script, keys, args := heartbeat(t)
+	names := func() string {
+		var out []string
+		for _, p := range h.snapshot() {
+			out = append(out, strings.Join(p, "+"))
+		}
+		return strings.Join(out, " ")
+	}
+	run := func(what string) {
+		t.Helper()
+		v, err := script.Run(ctx, gc, keys, args...).Result()
+		if err != nil && err != redis.Nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		_ = v
+	}
+	cmd := gc.ScriptCmd(ctx, script.Hash(), keys, args...)
+	if got := fmt.Sprint(cmd.Args()[:2]); !strings.HasPrefix(got, "[fcall tasklease_read_next_") {
+		t.Fatalf("ScriptCmd = %v, want FCALL of the library's read_next", cmd.Args())
+	}
+	libs, err := rdb.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: lib.Name}).Result()
+	if err != nil || len(libs) != 1 {
+		t.Fatalf("library %s loaded: %v %v", lib.Name, libs, err)
+	}
+	h.reset()
+	run("loaded")
+	if got := names(); got != "fcall" {
+		t.Errorf("a call sent %q, want fcall", got)
+	}
+	if err := rdb.FunctionFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	h.reset()
+	run("after FUNCTION FLUSH")
+	if got := h.snapshot(); len(got) != 2 || got[0][0] != "fcall" || got[1][0] != "fcall" {
+		t.Errorf("after FUNCTION FLUSH sent %q, want fcall (not found), the reload outside pipelines, fcall", names())
+	}
+	if libs, err := rdb.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: lib.Name}).Result(); err != nil || len(libs) != 1 {
+		t.Fatalf("library not loaded again: %v %v", libs, err)
+	}
+	// Loading again (a second process, a restart) keeps the library.
+	if err := gc.LoadFunctions(ctx); err != nil {
+		t.Fatalf("second load: %v", err)
+	}
+}
+
+// Without FUNCTION (miniredis, Redis 6) the Client sends EVALSHA.
+func TestScriptsFallBackToEvalShaWithoutFunctions(t *testing.T) {
+	m := redistest.StartMini(t)
+	rdb := m.Client(t)
+	lib, err := lua.NewLibrary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gc, err := groupcommit.New(rdb, groupcommit.Config{Library: lib})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	script, keys, args := heartbeat(t)
+	if err := gc.LoadFunctions(ctx); err != nil {
+		t.Fatalf("LoadFunctions without FUNCTION = %v, want nil", err)
+	}
+	if name := gc.ScriptCmd(ctx, script.Hash(), keys, args...).Args()[0]; name != "evalsha" {
+		t.Fatalf("ScriptCmd sends %v, want evalsha", name)
+	}
+	if err := script.Run(ctx, gc, keys, args...).Err(); err != nil && err != redis.Nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,54 @@
+package lua_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tasklease/tasklease/internal/redistest"
+	"github.com/tasklease/tasklease/lua"
+)
+
+// Every script is a function of the library, named after it and the
+// library's version, and the library loads into Redis 7.
+func TestLibraryHoldsEveryScript(t *testing.T) {
+	lib, err := lua.NewLibrary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	version := strings.TrimPrefix(lib.Name, "tasklease_")
+	for _, name := range []string{"submit", "submit_many", "claim", "finish", "read_next", "heartbeat",
+		"cancel", "retry_move", "janitor", "checkpoint_begin", "checkpoint_advance", "checkpoint_progress"} {
+		s, err := lua.Script(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fn, ok := lib.Function(s.Hash())
+		if !ok || fn != "tasklease_"+name+"_"+version {
+			t.Errorf("%s: function %q %v, want tasklease_%s_%s", name, fn, ok, name, version)
+		}
+		if got, ok := lua.ScriptOfFunction(fn); !ok || got != name {
+			t.Errorf("ScriptOfFunction(%q) = %q %v", fn, got, ok)
+		}
+	}
+	if again, _ := lua.NewLibrary(); again.Name != lib.Name || again.Code != lib.Code {
+		t.Error("the library is not deterministic")
+	}
+
+	s := redistest.StartServer(t)
+	rdb := s.Client(t)
+	ctx := context.Background()
+	if err := rdb.FunctionLoad(ctx, lib.Code).Err(); err != nil {
+		t.Fatalf("FUNCTION LOAD: %v", err)
+	}
+	libs, err := rdb.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: lib.Name}).Result()
+	if err != nil || len(libs) != 1 {
+		t.Fatalf("FUNCTION LIST: %v %v", libs, err)
+	}
+	// the library's functions: one per script file but lib.lua
+	if n := len(libs[0].Functions); n != 19 {
+		t.Errorf("library has %d functions, want 19 (one per script)", n)
+	}
+}
