@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -18,7 +20,7 @@ import (
 // the library.
 
 // fnState is what the Client knows about FUNCTION on its Redis.
-type fnState int
+type fnState int32
 
 const (
 	fnUnknown  fnState = iota // not loaded yet (or the last load failed)
@@ -28,27 +30,34 @@ const (
 
 // functions holds the library and its state; safe for concurrent use.
 type functions struct {
-	lib   *lua.Library
-	mu    sync.Mutex
-	state fnState
+	lib     *lua.Library
+	state   atomic.Int32 // fnState
+	loading sync.Mutex   // one load at a time
+	retryAt atomic.Int64 // unix ns: after a failed load, none before this
 }
 
-// current returns the state, loading the library first when it is unknown.
+// loadRetry is how long calls use EVALSHA after a failed load before one
+// of them tries to load the library again.
+const loadRetry = time.Second
+
+// fnCurrent returns the state, loading the library first when it is
+// unknown. It never waits for another goroutine's load, and after a failed
+// load (Redis unreachable) it does not try again for loadRetry: meanwhile
+// calls go out as EVALSHA, which works on any Redis.
 func (c *Client) fnCurrent(ctx context.Context) fnState {
 	f := c.fns
 	if f == nil {
 		return fnEvalOnly
 	}
-	f.mu.Lock()
-	s := f.state
-	f.mu.Unlock()
-	if s == fnUnknown {
-		_ = c.LoadFunctions(ctx)
-		f.mu.Lock()
-		s = f.state
-		f.mu.Unlock()
+	if s := fnState(f.state.Load()); s != fnUnknown {
+		return s
 	}
-	return s
+	if time.Now().UnixNano() < f.retryAt.Load() || !f.loading.TryLock() {
+		return fnUnknown
+	}
+	_ = c.loadLocked(ctx)
+	f.loading.Unlock()
+	return fnState(f.state.Load())
 }
 
 // LoadFunctions loads the library on every master (a library already
@@ -60,8 +69,14 @@ func (c *Client) LoadFunctions(ctx context.Context) error {
 	if f == nil {
 		return nil
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.loading.Lock()
+	defer f.loading.Unlock()
+	return c.loadLocked(ctx)
+}
+
+// loadLocked loads the library; the caller holds f.loading.
+func (c *Client) loadLocked(ctx context.Context) error {
+	f := c.fns
 	load := func(ctx context.Context, node redis.Cmdable) error {
 		err := node.FunctionLoad(ctx, f.lib.Code).Err()
 		if err != nil && strings.Contains(err.Error(), "already exists") {
@@ -77,12 +92,13 @@ func (c *Client) LoadFunctions(ctx context.Context) error {
 	}
 	switch {
 	case err == nil:
-		f.state = fnLoaded
+		f.state.Store(int32(fnLoaded))
 	case isUnknownCommand(err):
-		f.state = fnEvalOnly
+		f.state.Store(int32(fnEvalOnly))
 		err = nil
 	default:
-		f.state = fnUnknown // try again with the next call; EVALSHA meanwhile
+		f.state.Store(int32(fnUnknown)) // EVALSHA until a later load succeeds
+		f.retryAt.Store(time.Now().Add(loadRetry).UnixNano())
 		err = fmt.Errorf("groupcommit: load functions: %w", err)
 	}
 	return err

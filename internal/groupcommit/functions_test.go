@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -111,5 +113,49 @@ func TestScriptsFallBackToEvalShaWithoutFunctions(t *testing.T) {
 	}
 	if err := script.Run(ctx, gc, keys, args...).Err(); err != nil && err != redis.Nil {
 		t.Fatal(err)
+	}
+}
+
+// loadCounter counts FUNCTION LOAD attempts.
+type loadCounter struct{ n atomic.Int64 }
+
+func (h *loadCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *loadCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if a := cmd.Args(); len(a) > 1 && strings.EqualFold(fmt.Sprint(a[0]), "function") && strings.EqualFold(fmt.Sprint(a[1]), "load") {
+			h.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *loadCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// With Redis unreachable, a call tries to load the library once, then
+// calls go out as EVALSHA without trying again for a while (they neither
+// wait for nor repeat a load that cannot succeed).
+func TestUnreachableRedisFallsBackWithoutRepeatedLoads(t *testing.T) {
+	lib, err := lua.NewLibrary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t)), MaxRetries: -1,
+		DialTimeout: 50 * time.Millisecond})
+	t.Cleanup(func() { _ = rdb.Close() })
+	h := &loadCounter{}
+	rdb.AddHook(h)
+	gc, err := groupcommit.New(rdb, groupcommit.Config{Library: lib})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for i := range 5 {
+		if name := gc.ScriptCmd(ctx, "0123", nil).Args()[0]; name != "evalsha" {
+			t.Fatalf("call %d: %v, want evalsha while the library cannot be loaded", i, name)
+		}
+	}
+	if n := h.n.Load(); n != 1 {
+		t.Errorf("%d FUNCTION LOAD attempts for 5 calls, want 1", n)
 	}
 }
