@@ -45,9 +45,13 @@ func parseEvent(s string) Event {
 // co_field and n_field in lua/lib.lua). Keys written before compact history keep a
 // stream, read as such until it expires.
 func readHistory(ctx context.Context, rdb redis.UniversalClient, ks *keyspace.Space, k taskkey.Key, limit int) ([]Event, error) {
-	pipe := rdb.Pipeline()
+	// The list and the record's coalescing fields are read in one
+	// transaction: a run starting in between folds the counts into the
+	// list and deletes the fields, and a read on either side of it would
+	// miss them.
+	pipe := rdb.TxPipeline()
 	lr := pipe.LRange(ctx, ks.History(k), int64(-limit), -1)
-	co := pipe.HGet(ctx, ks.Task(k), "co")
+	rec := pipe.HGetAll(ctx, ks.Task(k))
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, err
 	}
@@ -58,24 +62,12 @@ func readHistory(ctx context.Context, rdb redis.UniversalClient, ks *keyspace.Sp
 	// Coalesced repeats not yet folded into the list: field c:<source>:<outcome>
 	// is "<runId> <event>", n:<source>:<outcome> is "<count> <lastAt>".
 	repeats := map[string][2]string{} // event as appended → count, lastAt
-	if fields := splitList(co.Val()); len(fields) > 0 {
-		all := make([]string, 0, 2*len(fields))
-		all = append(all, fields...)
-		for _, f := range fields {
-			all = append(all, "n"+strings.TrimPrefix(f, "c"))
-		}
-		vals, err := rdb.HMGet(ctx, ks.Task(k), all...).Result()
-		if err != nil {
-			return nil, err
-		}
-		for i := range fields {
-			c, _ := vals[i].(string)
-			n, _ := vals[len(fields)+i].(string)
-			_, ev, ok1 := strings.Cut(c, " ")
-			count, last, ok2 := strings.Cut(n, " ")
-			if ok1 && ok2 {
-				repeats[ev] = [2]string{count, last}
-			}
+	fields := rec.Val()
+	for _, f := range splitList(fields["co"]) {
+		_, ev, ok1 := strings.Cut(fields[f], " ")
+		count, last, ok2 := strings.Cut(fields["n"+strings.TrimPrefix(f, "c")], " ")
+		if ok1 && ok2 {
+			repeats[ev] = [2]string{count, last}
 		}
 	}
 	out := make([]Event, len(raw))

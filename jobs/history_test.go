@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/tasklease/tasklease/checkpoints"
 	"github.com/tasklease/tasklease/internal/redistest"
 	"github.com/tasklease/tasklease/taskkey"
@@ -447,4 +449,59 @@ func TestHistoryCoalescesThrottled(t *testing.T) {
 		t.Errorf("record keeps %v after the next run started", co)
 	}
 	check("after the next run started")
+}
+
+// afterRead is a go-redis hook that runs fn once, right after the first
+// pipeline holding an LRANGE (History's read) was answered.
+type afterRead struct {
+	once sync.Once
+	fn   func()
+}
+
+func (h *afterRead) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *afterRead) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *afterRead) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, c := range cmds {
+			if c.Name() == "lrange" {
+				h.once.Do(h.fn)
+				break
+			}
+		}
+		return err
+	}
+}
+
+// A run that starts while History reads folds the previous run's counts
+// into the list and deletes the record's fields; History reads both in one
+// transaction, so it reports the counts from one side of that or the
+// other, never neither.
+func TestHistoryReadRacingAFoldKeepsCounts(t *testing.T) {
+	mini := redistest.StartMini(t)
+	rdb := mini.Client(t)
+	e := newEnv(t, rdb, Config{Prefix: "hs-race", Jobs: []Job{clJob(hsScope, Stage{Name: "only", Handler: &counter{}})}})
+	ctx := context.Background()
+	first := clSubmit(t, e.reg, "u1", hsScope, SourceForeground, "")
+	for range 3 {
+		clSubmit(t, e.reg, "u1", hsScope, SourceSchedule, "")
+	}
+	if out, err := e.reg.Cancel(ctx, "u1", hsScope); err != nil {
+		t.Fatalf("cancel: %v %v", out, err)
+	}
+	hook := &afterRead{fn: func() { clSubmit(t, e.reg, "u1", hsScope, SourceManual, "") }}
+	rdb.AddHook(hook)
+	evs := clHistory(t, e.reg, "u1", hsScope)
+	var joined *Event
+	for i := range evs {
+		if evs[i].Event == "joined" && evs[i].RunID == first.Task.RunID {
+			joined = &evs[i]
+		}
+	}
+	if joined == nil || joined.Count != 3 {
+		t.Fatalf("the first run's schedule joins: %+v, want one event with count 3 (%q)", joined, hsKinds(evs))
+	}
+	if v, err := e.reg.Get(ctx, "u1", hsScope); err != nil || v.RunID == first.Task.RunID {
+		t.Fatalf("the next run did not start during the read: %+v %v", v, err)
+	}
 }
