@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
@@ -14,20 +15,37 @@ import (
 // flag, so nothing depends on every message arriving.
 const hubBuffer = 256
 
-// hub shares one Redis pub/sub connection among every subscriber of a
+// hub shares Redis pub/sub connections among every subscriber of a
 // Registry — SSE clients, dashboards, the runner's cancel listener — and
 // fans messages out in Go, so 200 dashboard tabs cost one Redis connection,
-// not 200. The connection is opened with the first subscription and closed
-// with the last; Redis channels are subscribed while someone listens.
+// not 200. Redis channels are subscribed while someone listens.
+//
+// With plain pub/sub (a single Redis, Sentinel, or a Cluster without
+// Redis 7) one connection carries every channel. With sharded pub/sub (a
+// Redis 7 Cluster, whose scripts SPUBLISH: see lua.LibraryOptions) a
+// channel is subscribed (SSUBSCRIBE) on the master of its slot: one
+// connection per partition hash tag, so events reach only that master.
+// Connections open with their first channel and close with their last.
 type hub struct {
-	rdb redis.UniversalClient
+	rdb     redis.UniversalClient
+	sharded func(context.Context) (bool, error) // asked at the first subscription; nil: never sharded
 
 	mu        sync.Mutex
-	ps        *redis.PubSub                         // nil while nobody listens
+	mode      hubMode
+	conns     map[string]*redis.PubSub              // by shard ("" when not sharded)
 	subs      map[string]map[*subscription]struct{} // channel → listeners
 	confirmed map[string]bool                       // channel subscribed, per Redis
 	waiters   map[string][]chan struct{}            // closed when the channel is confirmed
 }
+
+// hubMode is how the hub subscribes.
+type hubMode int
+
+const (
+	hubUndecided hubMode = iota
+	hubPlain             // SUBSCRIBE on one connection
+	hubSharded           // SSUBSCRIBE, a connection per slot
+)
 
 // subscription is one listener's view of the hub.
 type subscription struct {
@@ -37,27 +55,62 @@ type subscription struct {
 	once     sync.Once
 }
 
-func newHub(rdb redis.UniversalClient) *hub {
-	return &hub{rdb: rdb, subs: map[string]map[*subscription]struct{}{},
+func newHub(rdb redis.UniversalClient, sharded func(context.Context) (bool, error)) *hub {
+	return &hub{rdb: rdb, sharded: sharded, conns: map[string]*redis.PubSub{},
+		subs:      map[string]map[*subscription]struct{}{},
 		confirmed: map[string]bool{}, waiters: map[string][]chan struct{}{}}
+}
+
+// shardOf names the connection a channel is subscribed on: its hash tag
+// when sharded (all of a partition's channels share one), else "".
+func (h *hub) shardOf(channel string) string {
+	if h.mode != hubSharded {
+		return ""
+	}
+	if i := strings.IndexByte(channel, '{'); i >= 0 {
+		if j := strings.IndexByte(channel[i+1:], '}'); j > 0 {
+			return channel[i+1 : i+1+j]
+		}
+	}
+	return channel
 }
 
 // subscribe registers a listener for channels and returns once Redis has
 // confirmed every one of them, so nothing published afterwards is missed.
 func (h *hub) subscribe(ctx context.Context, channels []string) (*subscription, error) {
 	s := &subscription{h: h, channels: channels, C: make(chan *redis.Message, hubBuffer)}
-	h.mu.Lock()
-	if h.ps == nil {
-		h.ps = h.rdb.Subscribe(context.WithoutCancel(ctx))
-		go h.read(h.ps)
+	sharded := false
+	if h.sharded != nil {
+		h.mu.Lock()
+		undecided := h.mode == hubUndecided
+		h.mu.Unlock()
+		if undecided {
+			var err error
+			if sharded, err = h.sharded(ctx); err != nil { // may talk to Redis: not under mu
+				return nil, fmt.Errorf("jobs: subscribe: %w", err)
+			}
+		}
 	}
-	ps := h.ps
-	var fresh []string
+	h.mu.Lock()
+	if h.mode == hubUndecided {
+		h.mode = hubPlain
+		if sharded {
+			h.mode = hubSharded
+		}
+	}
+	fresh := map[*redis.PubSub][]string{}
+	opened := map[*redis.PubSub]string{} // new connections → their shard
 	var wait []chan struct{}
 	for _, ch := range channels {
 		if h.subs[ch] == nil {
 			h.subs[ch] = map[*subscription]struct{}{}
-			fresh = append(fresh, ch)
+			shard := h.shardOf(ch)
+			ps := h.conns[shard]
+			if ps == nil {
+				ps = h.openLocked(ctx, shard)
+				opened[ps] = shard
+			}
+			fresh[ps] = append(fresh[ps], ch)
 		}
 		h.subs[ch][s] = struct{}{}
 		if !h.confirmed[ch] {
@@ -66,9 +119,21 @@ func (h *hub) subscribe(ctx context.Context, channels []string) (*subscription, 
 			wait = append(wait, w)
 		}
 	}
+	mode := h.mode
 	h.mu.Unlock()
-	if len(fresh) > 0 {
-		if err := ps.Subscribe(ctx, fresh...); err != nil {
+	for ps, chans := range fresh {
+		var err error
+		if mode == hubSharded {
+			err = ps.SSubscribe(ctx, chans...)
+		} else {
+			err = ps.Subscribe(ctx, chans...)
+		}
+		if shard, ok := opened[ps]; ok {
+			// Only now: a reader started before the first SSUBSCRIBE would
+			// connect the Cluster client's PubSub to a random node.
+			go h.read(shard, ps)
+		}
+		if err != nil {
 			s.Close()
 			return nil, fmt.Errorf("jobs: subscribe: %w", err)
 		}
@@ -84,18 +149,32 @@ func (h *hub) subscribe(ctx context.Context, channels []string) (*subscription, 
 	return s, nil
 }
 
+// openLocked registers a new connection for shard; it connects with its
+// first (S)SUBSCRIBE — on a Cluster to the master of that channel's slot —
+// and its reader starts after that. The caller holds mu.
+func (h *hub) openLocked(ctx context.Context, shard string) *redis.PubSub {
+	var ps *redis.PubSub
+	if h.mode == hubSharded {
+		ps = h.rdb.SSubscribe(context.WithoutCancel(ctx))
+	} else {
+		ps = h.rdb.Subscribe(context.WithoutCancel(ctx))
+	}
+	h.conns[shard] = ps
+	return ps
+}
+
 // read fans ps's messages out until ps is closed. Subscription
 // confirmations (also those after a reconnect) release the waiters.
-func (h *hub) read(ps *redis.PubSub) {
+func (h *hub) read(shard string, ps *redis.PubSub) {
 	for msg := range ps.ChannelWithSubscriptions(redis.WithChannelSize(1024)) {
 		h.mu.Lock()
-		if h.ps != ps { // replaced after the last listener left
+		if h.conns[shard] != ps { // replaced after its last listener left
 			h.mu.Unlock()
 			continue
 		}
 		switch m := msg.(type) {
 		case *redis.Subscription:
-			if m.Kind == "subscribe" && h.subs[m.Channel] != nil {
+			if (m.Kind == "subscribe" || m.Kind == "ssubscribe") && h.subs[m.Channel] != nil {
 				h.confirmed[m.Channel] = true
 				for _, w := range h.waiters[m.Channel] {
 					close(w)
@@ -115,34 +194,48 @@ func (h *hub) read(ps *redis.PubSub) {
 }
 
 // Close ends the subscription: channels nobody else listens to are
-// unsubscribed, and the connection closes with the last listener. C is not
+// unsubscribed, and a connection closes with its last channel. C is not
 // closed (the reader may still hold a reference); stop reading it.
 func (s *subscription) Close() {
 	s.once.Do(func() {
 		h := s.h
 		h.mu.Lock()
 		defer h.mu.Unlock()
-		var gone []string
+		gone := map[string][]string{} // shard → channels nobody listens to any more
 		for _, ch := range s.channels {
 			delete(h.subs[ch], s)
 			if len(h.subs[ch]) == 0 {
 				delete(h.subs, ch)
 				delete(h.confirmed, ch)
-				gone = append(gone, ch)
+				delete(h.waiters, ch)
+				gone[h.shardOf(ch)] = append(gone[h.shardOf(ch)], ch)
 			}
 		}
-		if h.ps == nil {
-			return
-		}
-		if len(h.subs) == 0 {
-			_ = h.ps.Close()
-			h.ps = nil
-			h.confirmed = map[string]bool{}
-			h.waiters = map[string][]chan struct{}{}
-			return
-		}
-		if len(gone) > 0 {
-			_ = h.ps.Unsubscribe(context.Background(), gone...)
+		for shard, chans := range gone {
+			ps := h.conns[shard]
+			if ps == nil {
+				continue
+			}
+			if !h.shardInUseLocked(shard) {
+				_ = ps.Close()
+				delete(h.conns, shard)
+				continue
+			}
+			if h.mode == hubSharded {
+				_ = ps.SUnsubscribe(context.Background(), chans...)
+			} else {
+				_ = ps.Unsubscribe(context.Background(), chans...)
+			}
 		}
 	})
+}
+
+// shardInUseLocked reports whether any channel of shard has listeners.
+func (h *hub) shardInUseLocked(shard string) bool {
+	for ch := range h.subs {
+		if h.shardOf(ch) == shard {
+			return true
+		}
+	}
+	return false
 }

@@ -81,6 +81,12 @@ type Registry struct {
 	hub        *hub // the one pub/sub connection of this Registry
 }
 
+// isCluster reports whether rdb is a Redis Cluster client.
+func isCluster(rdb redis.UniversalClient) bool {
+	_, ok := rdb.(*redis.ClusterClient)
+	return ok
+}
+
 // isSingleNode reports whether rdb talks to one Redis server.
 func isSingleNode(rdb redis.UniversalClient) bool {
 	_, ok := rdb.(*redis.Client)
@@ -112,7 +118,7 @@ func NewRegistry(rdb redis.UniversalClient, cfg Config) (*Registry, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	lib, err := lua.NewLibrary()
+	lib, err := lua.NewLibrary(lua.LibraryOptions{ShardedPubSub: isCluster(rdb)})
 	if err != nil {
 		return nil, err
 	}
@@ -123,7 +129,7 @@ func NewRegistry(rdb redis.UniversalClient, cfg Config) (*Registry, error) {
 	r := &Registry{
 		rdb: rdb, gc: gc, singleNode: isSingleNode(rdb), ks: ks, histCap: cfg.HistoryCap, retention: cfg.Retention,
 		jobs: make(map[string]*Job, len(cfg.Jobs)), stagesCSV: make(map[string]string, len(cfg.Jobs)),
-		log: cfg.Logger, metrics: newMetrics(), hub: newHub(rdb),
+		log: cfg.Logger, metrics: newMetrics(), hub: newHub(rdb, nil),
 		scripts: scripts{
 			submit:     lua.MustScript("submit"),
 			submitMany: lua.MustScript("submit_many"),
@@ -135,6 +141,16 @@ func NewRegistry(rdb redis.UniversalClient, cfg Config) (*Registry, error) {
 			cancel:     lua.MustScript("cancel"),
 			retryMove:  lua.MustScript("retry_move"),
 		},
+	}
+	if isCluster(rdb) {
+		// Sharded pub/sub needs Redis 7, as the library that SPUBLISHes:
+		// subscribers use SSUBSCRIBE exactly when the scripts run as it.
+		r.hub.sharded = func(ctx context.Context) (bool, error) {
+			if err := gc.LoadFunctions(ctx); err != nil {
+				return false, err
+			}
+			return gc.FunctionsLoaded(ctx), nil
+		}
 	}
 	r.submits = groupcommit.NewCombiner(submitsInFlight, submitBatchMax, r.flushSubmits)
 	for i := range cfg.Jobs {

@@ -18,7 +18,7 @@ redis.call('HSET', task, 'followUp', '0', 'followUpSources', '')
 if status == 'running' then
   redis.call('HSET', task, 'cancel', '1', 'updatedAt', now)
   publish_view(task, ARGV[3], KEYS[6])
-  redis.call('PUBLISH', ARGV[4], cancel_payload(rec[3], rec[2]))
+  redis.call(PUBLISH_CMD, ARGV[4], cancel_payload(rec[3], rec[2]))
   return 'cancelling'
 end
 redis.call('ZREM', KEYS[5], rec[2] .. ' ' .. rec[3])

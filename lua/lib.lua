@@ -190,6 +190,11 @@ local function co_fold(task, hist, co_list)
   redis.call('HDEL', task, 'co', unpack(all))
 end
 
+-- PUBLISH_CMD publishes views and cancels: PUBLISH, or SPUBLISH (sharded
+-- pub/sub: a message goes only to the shard of its channel's slot) in the
+-- Functions library built for Redis Cluster (lua.NewLibrary).
+local PUBLISH_CMD = 'PUBLISH'
+
 -- publish_view publishes the task record (minus the binary cursor) as JSON
 -- on the partition's channel; subscribers turn it into a TaskView. It is
 -- skipped while watch_key is absent: subscribers (Registry.Subscribe) keep
@@ -204,7 +209,7 @@ local function publish_view(task_key, channel, watch_key)
     local pre = string.sub(f, 1, 2)
     if f ~= 'cursor' and f ~= 'co' and pre ~= 'c:' and pre ~= 'n:' then view[f] = flat[i + 1] end
   end
-  redis.call('PUBLISH', channel, cjson.encode(view))
+  redis.call(PUBLISH_CMD, channel, cjson.encode(view))
 end
 
 -- fenced reports whether the caller may write the run record: it holds the
@@ -531,7 +536,7 @@ local function submit_one(a, vals)
     if status == 'running' then
       put('cancel', '1')
       put('updatedAt', now)
-      redis.call('PUBLISH', a.cancels, cancel_payload(a.key, cur))
+      redis.call(PUBLISH_CMD, a.cancels, cancel_payload(a.key, cur))
     else
       redis.call('HSET', task, unpack(set))
       set = {}

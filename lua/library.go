@@ -27,11 +27,28 @@ type Library struct {
 	fns  map[string]string // script SHA1 (as EVALSHA names it) → function name
 }
 
+// LibraryOptions select a variant of the library.
+type LibraryOptions struct {
+	// ShardedPubSub publishes views and cancels with SPUBLISH instead of
+	// PUBLISH (for Redis Cluster, whose subscribers use SSUBSCRIBE on the
+	// channel's slot).
+	ShardedPubSub bool
+}
+
+// publishLine is lib.lua's definition of the publish command.
+const publishLine = "local PUBLISH_CMD = 'PUBLISH'"
+
 // NewLibrary builds the library of every script.
-func NewLibrary() (*Library, error) {
+func NewLibrary(opts LibraryOptions) (*Library, error) {
 	lib, err := files.ReadFile(libFile)
 	if err != nil {
 		return nil, fmt.Errorf("lua: read %s: %w", libFile, err)
+	}
+	if opts.ShardedPubSub {
+		if !strings.Contains(string(lib), publishLine) {
+			return nil, fmt.Errorf("lua: %s does not define %q", libFile, publishLine)
+		}
+		lib = []byte(strings.Replace(string(lib), publishLine, "local PUBLISH_CMD = 'SPUBLISH'", 1))
 	}
 	names, err := fs.Glob(files, "*.lua")
 	if err != nil {

@@ -14,7 +14,7 @@ import (
 // Every script is a function of the library, named after it and the
 // library's version, and the library loads into Redis 7.
 func TestLibraryHoldsEveryScript(t *testing.T) {
-	lib, err := lua.NewLibrary()
+	lib, err := lua.NewLibrary(lua.LibraryOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,8 +33,21 @@ func TestLibraryHoldsEveryScript(t *testing.T) {
 			t.Errorf("ScriptOfFunction(%q) = %q %v", fn, got, ok)
 		}
 	}
-	if again, _ := lua.NewLibrary(); again.Name != lib.Name || again.Code != lib.Code {
+	if again, _ := lua.NewLibrary(lua.LibraryOptions{}); again.Name != lib.Name || again.Code != lib.Code {
 		t.Error("the library is not deterministic")
+	}
+	sharded, err := lua.NewLibrary(lua.LibraryOptions{ShardedPubSub: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sharded.Name == lib.Name || !strings.Contains(sharded.Code, "local PUBLISH_CMD = 'SPUBLISH'") ||
+		strings.Contains(lib.Code, "local PUBLISH_CMD = 'SPUBLISH'") {
+		t.Errorf("sharded variant %s (of %s) does not publish with SPUBLISH alone", sharded.Name, lib.Name)
+	}
+	for _, code := range []string{lib.Code, sharded.Code} {
+		if strings.Contains(code, "redis.call('PUBLISH'") {
+			t.Error("a script publishes without PUBLISH_CMD")
+		}
 	}
 
 	s := redistest.StartServer(t)
@@ -42,6 +55,9 @@ func TestLibraryHoldsEveryScript(t *testing.T) {
 	ctx := context.Background()
 	if err := rdb.FunctionLoad(ctx, lib.Code).Err(); err != nil {
 		t.Fatalf("FUNCTION LOAD: %v", err)
+	}
+	if err := rdb.FunctionLoad(ctx, sharded.Code).Err(); err != nil {
+		t.Fatalf("FUNCTION LOAD of the sharded variant next to it: %v", err)
 	}
 	libs, err := rdb.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: lib.Name}).Result()
 	if err != nil || len(libs) != 1 {

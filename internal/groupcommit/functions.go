@@ -132,3 +132,9 @@ func (c *Client) ScriptCmd(ctx context.Context, sha string, keys []string, args 
 	}
 	return redis.NewCmd(ctx, evalArgs("evalsha", sha, keys, args)...)
 }
+
+// FunctionsLoaded reports whether script calls go out as FCALL of the
+// library (loading it first when that is not known yet).
+func (c *Client) FunctionsLoaded(ctx context.Context) bool {
+	return c.fnCurrent(ctx) == fnLoaded
+}
