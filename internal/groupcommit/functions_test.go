@@ -19,7 +19,7 @@ import (
 // library, with the pipeline hook.
 func withLibrary(t *testing.T) (*redis.Client, *groupcommit.Client, *pipeHook, *lua.Library) {
 	t.Helper()
-	lib, err := lua.NewLibrary()
+	lib, err := lua.NewLibrary(lua.LibraryOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +95,7 @@ func TestScriptsRunAsFunctionsAndSurviveFunctionFlush(t *testing.T) {
 func TestScriptsFallBackToEvalShaWithoutFunctions(t *testing.T) {
 	m := redistest.StartMini(t)
 	rdb := m.Client(t)
-	lib, err := lua.NewLibrary()
+	lib, err := lua.NewLibrary(lua.LibraryOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +136,7 @@ func (h *loadCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 // calls go out as EVALSHA without trying again for a while (they neither
 // wait for nor repeat a load that cannot succeed).
 func TestUnreachableRedisFallsBackWithoutRepeatedLoads(t *testing.T) {
-	lib, err := lua.NewLibrary()
+	lib, err := lua.NewLibrary(lua.LibraryOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
