@@ -19,6 +19,7 @@ import (
 	"github.com/tasklease/tasklease/checkpoints"
 	"github.com/tasklease/tasklease/internal/groupcommit"
 	"github.com/tasklease/tasklease/internal/keyspace"
+	"github.com/tasklease/tasklease/internal/slotmap"
 	"github.com/tasklease/tasklease/leasing"
 	"github.com/tasklease/tasklease/lua"
 	"github.com/tasklease/tasklease/taskkey"
@@ -102,6 +103,9 @@ func NewRegistry(rdb redis.UniversalClient, cfg Config) (*Registry, error) {
 	if rdb == nil {
 		return nil, fmt.Errorf("%w: nil redis client", ErrConfig)
 	}
+	// A Cluster client must follow failovers: go-redis alone keeps a dead
+	// master's slots for up to a minute (internal/slotmap).
+	slotmap.Follow(rdb)
 	ks, err := keyspace.New(cfg.Prefix, cfg.Partitions)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)

@@ -25,12 +25,9 @@ package slotmap
 import (
 	"context"
 	"errors"
-	"runtime"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
-	"weak"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -46,23 +43,15 @@ const reloadEvery = 200 * time.Millisecond
 // one: it is a slot migration in progress, which go-redis follows.
 var staleReplies = []string{"CLUSTERDOWN ", "TRYAGAIN ", "MASTERDOWN ", "READONLY ", "LOADING ", "MOVED "}
 
-// followed holds the clients Follow has hooked, so a client shared by
-// several registries gets one hook; entries go with their client.
-var followed sync.Map // weak.Pointer[redis.ClusterClient] → struct{}
-
 // Follow makes rdb reload its slot map when calls fail in a way that means
 // it may be stale (see the package doc). It does nothing unless rdb is a
-// *redis.ClusterClient, and nothing the second time for the same client.
+// *redis.ClusterClient. Each call adds a hook: a client shared by several
+// registries gets several, which only ask for reloads that go-redis merges.
 func Follow(rdb redis.UniversalClient) {
 	cc, ok := rdb.(*redis.ClusterClient)
 	if !ok || cc == nil {
 		return
 	}
-	wp := weak.Make(cc)
-	if _, loaded := followed.LoadOrStore(wp, struct{}{}); loaded {
-		return
-	}
-	runtime.AddCleanup(cc, func(wp weak.Pointer[redis.ClusterClient]) { followed.Delete(wp) }, wp)
 	cc.AddHook(&hook{reload: cc.ReloadState})
 }
 

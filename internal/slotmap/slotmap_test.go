@@ -7,7 +7,6 @@ import (
 	"net"
 	"syscall"
 	"testing"
-	"weak"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -51,26 +50,4 @@ func TestStale(t *testing.T) {
 			t.Errorf("Stale(%v) = %v, want %v", c.err, got, c.want)
 		}
 	}
-}
-
-// TestFollowOnce: a client shared by several registries gets one hook, and
-// other clients none.
-func TestFollowOnce(t *testing.T) {
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
-	defer cc.Close()
-	Follow(cc)
-	Follow(cc)
-	n := 0
-	followed.Range(func(k, _ any) bool {
-		if k.(weak.Pointer[redis.ClusterClient]).Value() == cc {
-			n++
-		}
-		return true
-	})
-	if n != 1 {
-		t.Fatalf("client followed %d times, want 1", n)
-	}
-	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
-	defer c.Close()
-	Follow(c) // not a cluster client: nothing to do
 }
