@@ -137,7 +137,10 @@ type Server struct {
 	bin       string
 	dir       string
 	extraArgs func(port int) []string // cluster flags; nil for a plain server
-	log       *LogBuffer
+	// confFile, when set, writes the config file redis-server is given as
+	// its first argument (Sentinel needs one it can rewrite).
+	confFile func(port int) (string, error)
+	log      *LogBuffer
 
 	mu     sync.Mutex // serialises lifecycle calls from test goroutines
 	port   int
@@ -307,6 +310,13 @@ func (s *Server) launchLocked(port int) error {
 	}
 	if s.extraArgs != nil {
 		args = append(args, s.extraArgs(port)...)
+	}
+	if s.confFile != nil {
+		conf, err := s.confFile(port)
+		if err != nil {
+			return err
+		}
+		args = append([]string{conf}, args...)
 	}
 	fmt.Fprintf(s.log, "--- redistest: starting redis-server on port %d ---\n", port)
 	mark := s.log.Len()

@@ -1,0 +1,140 @@
+package redistest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// SentinelMaster is the master name the Sentinels of StartSentinel monitor.
+const SentinelMaster = "tasklease"
+
+// Sentinel timings: a primary unreachable for sentinelDownAfter is
+// declared down and a replica promoted (about 2 s on this machine).
+const (
+	sentinelDownAfter       = 1000 * time.Millisecond
+	sentinelFailoverTimeout = 5000 * time.Millisecond
+	sentinelQuorum          = 2
+	sentinelCount           = 3
+)
+
+// Sentinels is a primary, a replica and three Sentinels on loopback ports.
+type Sentinels struct {
+	Primary, Replica *Server
+	sentinels        []*Server
+}
+
+// StartSentinel starts a primary, a replica of it and three Sentinels
+// (`redis-server --sentinel`, quorum 2) and waits until the Sentinels see
+// each other and the replica is in sync. It skips without redis-server
+// unless TASKLEASE_REQUIRE_REDIS=1; everything is stopped when the test
+// ends.
+func StartSentinel(t testing.TB) *Sentinels {
+	t.Helper()
+	bin := requireBinary(t, "redis-server")
+	dir := t.TempDir()
+	st := &Sentinels{}
+	st.Primary = newServer(t, bin, dir, nil)
+	st.Primary.startOnFreePort(t, func(t testing.TB) int { return FreePort(t) })
+	primary := st.Primary.Addr()
+	st.Replica = newServer(t, bin, dir, func(int) []string {
+		return []string{"--replicaof", "127.0.0.1", strconv.Itoa(st.Primary.port)}
+	})
+	st.Replica.startOnFreePort(t, func(t testing.TB) int { return FreePort(t) })
+	for i := range sentinelCount {
+		s := newServer(t, bin, dir, func(int) []string { return []string{"--sentinel"} })
+		s.confFile = func(port int) (string, error) {
+			conf := filepath.Join(dir, fmt.Sprintf("sentinel-%d-%d.conf", i, port))
+			body := fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d %d\n"+
+				"sentinel down-after-milliseconds %s %d\nsentinel failover-timeout %s %d\n",
+				SentinelMaster, st.Primary.port, sentinelQuorum,
+				SentinelMaster, sentinelDownAfter.Milliseconds(), SentinelMaster, sentinelFailoverTimeout.Milliseconds())
+			return conf, os.WriteFile(conf, []byte(body), 0o600)
+		}
+		s.startOnFreePort(t, func(t testing.TB) int { return FreePort(t) })
+		st.sentinels = append(st.sentinels, s)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := st.waitReady(ctx); err != nil {
+		t.Fatalf("redistest: sentinels of %s not ready: %v", primary, err)
+	}
+	return st
+}
+
+// SentinelAddrs returns the Sentinels' addresses.
+func (st *Sentinels) SentinelAddrs() []string {
+	out := make([]string, len(st.sentinels))
+	for i, s := range st.sentinels {
+		out[i] = s.Addr()
+	}
+	return out
+}
+
+// Client returns a Sentinel-backed failover client, closed when t ends.
+func (st *Sentinels) Client(t testing.TB) *redis.Client {
+	t.Helper()
+	c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: SentinelMaster, SentinelAddrs: st.SentinelAddrs()})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// MasterAddr asks a Sentinel which address is the primary now.
+func (st *Sentinels) MasterAddr(ctx context.Context) (string, error) {
+	var lastErr error
+	for _, s := range st.sentinels {
+		c := redis.NewSentinelClient(&redis.Options{Addr: s.Addr()})
+		addr, err := c.GetMasterAddrByName(ctx, SentinelMaster).Result()
+		_ = c.Close()
+		if err == nil && len(addr) == 2 {
+			return addr[0] + ":" + addr[1], nil
+		}
+		lastErr = err
+	}
+	return "", fmt.Errorf("redistest: no sentinel knows the master: %v", lastErr)
+}
+
+// waitReady polls until every Sentinel knows the other two and the replica
+// reports its link to the primary up.
+func (st *Sentinels) waitReady(ctx context.Context) error {
+	rep := redis.NewClient(&redis.Options{Addr: st.Replica.Addr()})
+	defer rep.Close()
+	for {
+		ready := true
+		for _, s := range st.sentinels {
+			c := redis.NewSentinelClient(&redis.Options{Addr: s.Addr()})
+			others, err := c.Sentinels(ctx, SentinelMaster).Result()
+			_ = c.Close()
+			if err != nil || len(others) < sentinelCount-1 {
+				ready = false
+			}
+		}
+		if info, err := rep.Info(ctx, "replication").Result(); err != nil || !containsLine(info, "master_link_status:up") {
+			ready = false
+		}
+		if ready {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func containsLine(text, line string) bool {
+	for _, l := range strings.Split(text, "\n") {
+		if strings.TrimSpace(l) == line {
+			return true
+		}
+	}
+	return false
+}
