@@ -46,13 +46,6 @@ func TestScriptsRunAsFunctionsAndSurviveFunctionFlush(t *testing.T) {
 	rdb, gc, h, lib := withLibrary(t)
 	ctx := context.Background()
 	script, keys, args := heartbeat(t)
-	names := func() string {
-		var out []string
-		for _, p := range h.snapshot() {
-			out = append(out, strings.Join(p, "+"))
-		}
-		return strings.Join(out, " ")
-	}
 	run := func(what string) {
 		t.Helper()
 		v, err := script.Run(ctx, gc, keys, args...).Result()
@@ -71,7 +64,7 @@ func TestScriptsRunAsFunctionsAndSurviveFunctionFlush(t *testing.T) {
 	}
 	h.reset()
 	run("loaded")
-	if got := names(); got != "fcall" {
+	if got := h.names(); got != "fcall" {
 		t.Errorf("a call sent %q, want fcall", got)
 	}
 	if err := rdb.FunctionFlush(ctx).Err(); err != nil {
@@ -80,7 +73,7 @@ func TestScriptsRunAsFunctionsAndSurviveFunctionFlush(t *testing.T) {
 	h.reset()
 	run("after FUNCTION FLUSH")
 	if got := h.snapshot(); len(got) != 2 || got[0][0] != "fcall" || got[1][0] != "fcall" {
-		t.Errorf("after FUNCTION FLUSH sent %q, want fcall (not found), the reload outside pipelines, fcall", names())
+		t.Errorf("after FUNCTION FLUSH sent %q, want fcall (not found), the reload outside pipelines, fcall", h.names())
 	}
 	if libs, err := rdb.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: lib.Name}).Result(); err != nil || len(libs) != 1 {
 		t.Fatalf("library not loaded again: %v %v", libs, err)

@@ -33,6 +33,16 @@ type pipeHook struct {
 
 func newPipeHook() *pipeHook { return &pipeHook{release: make(chan struct{})} }
 
+// names renders the pipelines sent so far: each one's command names joined
+// by "+", pipelines separated by spaces.
+func (h *pipeHook) names() string {
+	var out []string
+	for _, p := range h.snapshot() {
+		out = append(out, strings.Join(p, "+"))
+	}
+	return strings.Join(out, " ")
+}
+
 func (h *pipeHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (h *pipeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
@@ -430,21 +440,14 @@ func TestScriptRunFallsBackToEvalAfterFlush(t *testing.T) {
 			t.Fatalf("%s: Run = %v, %v; want %s", what, v, err, want)
 		}
 	}
-	names := func() string {
-		var out []string
-		for _, p := range h.snapshot() {
-			out = append(out, strings.Join(p, "+"))
-		}
-		return strings.Join(out, " ")
-	}
 
 	run("first run")
-	if got := names(); got != "evalsha eval" {
+	if got := h.names(); got != "evalsha eval" {
 		t.Errorf("first run sent %q, want evalsha then eval", got)
 	}
 	h.reset()
 	run("cached run")
-	if got := names(); got != "evalsha" {
+	if got := h.names(); got != "evalsha" {
 		t.Errorf("cached run sent %q, want evalsha only", got)
 	}
 	if err := rdb.ScriptFlush(ctx).Err(); err != nil {
@@ -452,12 +455,12 @@ func TestScriptRunFallsBackToEvalAfterFlush(t *testing.T) {
 	}
 	h.reset()
 	run("after SCRIPT FLUSH")
-	if got := names(); got != "evalsha eval" {
+	if got := h.names(); got != "evalsha eval" {
 		t.Errorf("after SCRIPT FLUSH sent %q, want evalsha (NOSCRIPT) then eval", got)
 	}
 	h.reset()
 	run("after the fallback")
-	if got := names(); got != "evalsha" {
+	if got := h.names(); got != "evalsha" {
 		t.Errorf("after the fallback sent %q, want evalsha only (EVAL loaded it)", got)
 	}
 
@@ -467,7 +470,7 @@ func TestScriptRunFallsBackToEvalAfterFlush(t *testing.T) {
 	if v, err := ro.RunRO(ctx, gc, nil, "ro").Result(); err != nil || v != "ro" {
 		t.Fatalf("RunRO = %v, %v", v, err)
 	}
-	if got := names(); got != "evalsha_ro eval_ro" {
+	if got := h.names(); got != "evalsha_ro eval_ro" {
 		t.Errorf("RunRO of a new script sent %q, want evalsha_ro then eval_ro", got)
 	}
 	if err := ro.Load(ctx, gc).Err(); err != nil {

@@ -189,13 +189,7 @@ func clusterInfo(ctx context.Context, addr string) (map[string]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	info := make(map[string]string)
-	for _, line := range strings.Split(raw, "\n") {
-		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
-			info[k] = v
-		}
-	}
-	return info, nil
+	return infoFields(raw), nil
 }
 
 // logs renders every node's log for a failure message.
@@ -209,12 +203,27 @@ func (c *Cluster) logs() string {
 
 // Addrs returns the "127.0.0.1:PORT" addresses of the nodes as started
 // (all masters, unless started with replicas).
-func (c *Cluster) Addrs() []string {
-	addrs := make([]string, len(c.nodes))
-	for i, s := range c.nodes {
+func (c *Cluster) Addrs() []string { return addrsOf(c.nodes) }
+
+// addrsOf returns the servers' addresses.
+func addrsOf(servers []*Server) []string {
+	addrs := make([]string, len(servers))
+	for i, s := range servers {
 		addrs[i] = s.Addr()
 	}
 	return addrs
+}
+
+// infoFields parses an INFO or CLUSTER INFO reply into its "key:value"
+// fields.
+func infoFields(raw string) map[string]string {
+	info := make(map[string]string)
+	for _, line := range strings.Split(raw, "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
+			info[k] = v
+		}
+	}
+	return info
 }
 
 // Client returns a new go-redis cluster client seeded with all nodes,
@@ -332,13 +341,7 @@ func replicationInfo(ctx context.Context, addr string) (map[string]string, error
 	if err != nil {
 		return nil, err
 	}
-	info := make(map[string]string)
-	for _, line := range strings.Split(raw, "\n") {
-		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
-			info[k] = v
-		}
-	}
-	return info, nil
+	return infoFields(raw), nil
 }
 
 // running reports whether the server's process is alive.

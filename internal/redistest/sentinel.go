@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -70,13 +69,7 @@ func StartSentinel(t testing.TB) *Sentinels {
 }
 
 // SentinelAddrs returns the Sentinels' addresses.
-func (st *Sentinels) SentinelAddrs() []string {
-	out := make([]string, len(st.sentinels))
-	for i, s := range st.sentinels {
-		out[i] = s.Addr()
-	}
-	return out
-}
+func (st *Sentinels) SentinelAddrs() []string { return addrsOf(st.sentinels) }
 
 // Client returns a Sentinel-backed failover client, closed when t ends.
 func (st *Sentinels) Client(t testing.TB) *redis.Client {
@@ -116,7 +109,7 @@ func (st *Sentinels) waitReady(ctx context.Context) error {
 				ready = false
 			}
 		}
-		if info, err := rep.Info(ctx, "replication").Result(); err != nil || !containsLine(info, "master_link_status:up") {
+		if info, err := rep.Info(ctx, "replication").Result(); err != nil || infoFields(info)["master_link_status"] != "up" {
 			ready = false
 		}
 		if ready {
@@ -128,13 +121,4 @@ func (st *Sentinels) waitReady(ctx context.Context) error {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-}
-
-func containsLine(text, line string) bool {
-	for _, l := range strings.Split(text, "\n") {
-		if strings.TrimSpace(l) == line {
-			return true
-		}
-	}
-	return false
 }
