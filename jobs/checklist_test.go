@@ -235,6 +235,11 @@ func TestChecklistManualAndScheduleSameInstantOneExecution(t *testing.T) {
 		m := redistest.StartMini(t)
 		clSameInstant(t, []redis.UniversalClient{m.Client(t), m.Client(t)})
 	})
+	t.Run("cluster_2_runners", func(t *testing.T) {
+		t.Parallel()
+		c := redistest.StartCluster(t)
+		clSameInstant(t, []redis.UniversalClient{c.Client(t), c.Client(t)})
+	})
 	t.Run("miniredis_1_runner", func(t *testing.T) {
 		t.Parallel()
 		m := redistest.StartMini(t)
@@ -413,6 +418,14 @@ func TestChecklistRunnerDiesMidStageResumesFromCheckpoint(t *testing.T) {
 		a := s.Client(t)
 		a.AddHook(cut)
 		clCrashResume(t, a, s.Client(t), 2*time.Second, cut, nil)
+	})
+	t.Run("cluster_partition", func(t *testing.T) {
+		t.Parallel()
+		c := redistest.StartCluster(t)
+		cut := &clPartition{}
+		a := c.Client(t)
+		a.AddHook(cut)
+		clCrashResume(t, a, c.Client(t), 2*time.Second, cut, nil)
 	})
 }
 

@@ -180,7 +180,7 @@ func TestPolicyReplaceRunning(t *testing.T) {
 func TestPolicyReplaceQueued(t *testing.T) {
 	t.Parallel()
 	const subject, scope = "u1", "course_sync"
-	for _, b := range redistest.Backends(t) {
+	for _, b := range redistest.Backends(t, redistest.WithCluster) {
 		t.Run(b.Name, func(t *testing.T) {
 			c := &counter{}
 			e := newEnv(t, b.Client, Config{Prefix: "prq", Jobs: []Job{polTwoStages(scope, c, c)}})
@@ -215,7 +215,7 @@ func TestPolicyReplaceQueued(t *testing.T) {
 func TestPolicySkip(t *testing.T) {
 	t.Parallel()
 	const subject, scope = "u1", "course_sync"
-	for _, b := range redistest.Backends(t) {
+	for _, b := range redistest.Backends(t, redistest.WithCluster) {
 		t.Run(b.Name, func(t *testing.T) {
 			c := &counter{}
 			e := newEnv(t, b.Client, Config{Prefix: "ps", Jobs: []Job{polTwoStages(scope, c, c)}})
@@ -298,7 +298,7 @@ func TestPolicyDefaultsAndOverride(t *testing.T) {
 	c := &counter{}
 	skipJob := polTwoStages("backup", c, c)
 	skipJob.OnConflict = PolicySkip
-	for _, b := range redistest.Backends(t) {
+	for _, b := range redistest.Backends(t, redistest.WithCluster) {
 		t.Run(b.Name, func(t *testing.T) {
 			e := newEnv(t, b.Client, Config{Prefix: "pd", Jobs: []Job{polTwoStages("course_sync", c, c), skipJob}})
 			if j, ok := e.reg.Job("course_sync"); !ok || j.OnConflict != PolicyJoin {
@@ -333,7 +333,7 @@ func TestPolicyDefaultsAndOverride(t *testing.T) {
 func TestPolicyCancelQueued(t *testing.T) {
 	t.Parallel()
 	const subject, scope = "u1", "course_sync"
-	for _, b := range redistest.Backends(t) {
+	for _, b := range redistest.Backends(t, redistest.WithCluster) {
 		t.Run(b.Name, func(t *testing.T) {
 			c := &counter{}
 			e := newEnv(t, b.Client, Config{Prefix: "pcq", Jobs: []Job{polTwoStages(scope, c, c)}})
@@ -527,7 +527,7 @@ func TestPolicySubscribeStatusSequence(t *testing.T) {
 
 func TestPolicyListFiltersAndSubjects(t *testing.T) {
 	t.Parallel()
-	for _, b := range redistest.Backends(t) {
+	for _, b := range redistest.Backends(t, redistest.WithCluster) {
 		t.Run(b.Name, func(t *testing.T) {
 			c := &counter{}
 			e := newEnv(t, b.Client, Config{Prefix: "pl", Jobs: []Job{polTwoStages("course_sync", c, c), polTwoStages("backup", c, c)}})

@@ -510,7 +510,7 @@ func TestRecoveryShutdownHandsBack(t *testing.T) {
 // run is executing only cost a reload (EVAL fallback, or FUNCTION LOAD);
 // the run completes.
 func TestRecoveryScriptFlushMidRun(t *testing.T) {
-	for _, b := range redistest.Backends(t) {
+	for _, b := range redistest.Backends(t, redistest.WithCluster) {
 		t.Run(b.Name, func(t *testing.T) {
 			ctx := context.Background()
 			g := newGate()

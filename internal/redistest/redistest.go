@@ -16,6 +16,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -451,7 +452,7 @@ func (m *Mini) Now() time.Time {
 
 // Backend lets a test run the same body against miniredis and real Redis.
 type Backend struct {
-	Name   string // "miniredis" or "redis"
+	Name   string // "miniredis", "redis" or "cluster"
 	Client redis.UniversalClient
 	// Advance makes d of Redis time pass. On miniredis it moves the fake
 	// clock instantly; on real Redis it waits for real time to pass.
@@ -459,10 +460,20 @@ type Backend struct {
 	Real    bool // true for a real redis-server
 }
 
+// BackendOption adds backends to Backends.
+type BackendOption int
+
+const (
+	// WithCluster adds a real 3-master Redis Cluster, reached through a
+	// go-redis ClusterClient ("cluster").
+	WithCluster BackendOption = iota + 1
+)
+
 // Backends returns miniredis and, when redis-server is on PATH, a real
-// redis-server. Without the binary only miniredis is returned and the test
-// logs why, unless TASKLEASE_REQUIRE_REDIS=1, which fails the test.
-func Backends(t *testing.T) []Backend {
+// redis-server (and with WithCluster a real cluster). Without the binary
+// only miniredis is returned and the test logs why, unless
+// TASKLEASE_REQUIRE_REDIS=1, which fails the test.
+func Backends(t *testing.T, opts ...BackendOption) []Backend {
 	t.Helper()
 	m := StartMini(t)
 	backends := []Backend{{
@@ -475,12 +486,21 @@ func Backends(t *testing.T) []Backend {
 		return backends
 	}
 	s := StartServer(t)
-	return append(backends, Backend{
+	backends = append(backends, Backend{
 		Name:    "redis",
 		Client:  s.Client(t),
 		Advance: waitReal,
 		Real:    true,
 	})
+	if slices.Contains(opts, WithCluster) {
+		backends = append(backends, Backend{
+			Name:    "cluster",
+			Client:  StartCluster(t).Client(t),
+			Advance: waitReal,
+			Real:    true,
+		})
+	}
+	return backends
 }
 
 // waitReal lets d of wall-clock time pass, which is how time moves on a real
