@@ -43,6 +43,12 @@ func (c *Config) RedisOptions() *redis.UniversalOptions {
 	if r.Password != "" {
 		o.Password = r.Password
 	}
+	if r.DialTimeout > 0 {
+		o.DialTimeout = r.DialTimeout.D()
+	}
+	if r.ReadTimeout > 0 {
+		o.ReadTimeout, o.WriteTimeout = r.ReadTimeout.D(), r.ReadTimeout.D()
+	}
 	switch {
 	case r.PoolSize > 0:
 		o.PoolSize = r.PoolSize

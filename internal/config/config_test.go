@@ -552,6 +552,8 @@ func TestValidation(t *testing.T) {
 		{"redis: {prefix: 'a b'}", "redis.prefix", "must match"},
 		{"redis: {addrs: ['h:1'], poolSize: 4}", "redis.poolSize", "less than runner.concurrency + partitions (32)"},
 		{"redis: {poolSize: -1}", "redis.poolSize", "negative"},
+		{"redis: {dialTimeout: -1s}", "redis.dialTimeout", "negative"},
+		{"redis: {readTimeout: -2s}", "redis.readTimeout", "negative"},
 		{"jobs: {j: }", "jobs.j", "empty job"},
 		{"jobs: {j: {stages: []}}", "jobs.j.stages", "at least one stage"},
 		{"jobs: {J1: {stages: [{name: a, exec: [x]}]}}", "jobs.J1", "invalid scope name"},
@@ -824,6 +826,11 @@ func TestRedisOptions(t *testing.T) {
 		t.Errorf("sentinel client = %T", cl)
 	}
 	_ = cl.Close()
+
+	c = mustParse(t, "redis: {addrs: ['a:1', 'b:1', 'c:1'], dialTimeout: 1s, readTimeout: 1500ms}")
+	if o := c.RedisOptions(); o.DialTimeout != time.Second || o.ReadTimeout != 1500*time.Millisecond || o.WriteTimeout != 1500*time.Millisecond {
+		t.Errorf("timeouts = dial %s read %s write %s", o.DialTimeout, o.ReadTimeout, o.WriteTimeout)
+	}
 
 	c = mustParse(t, "redis: {url: 'redis://h:1?pool_size=7'}")
 	if o := c.RedisOptions(); o.PoolSize != 7 {

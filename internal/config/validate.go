@@ -146,6 +146,12 @@ func (c *Config) validateRedis(ps *problemSet) {
 	if _, err := keyspace.New(r.Prefix, max(1, min(c.Partitions, PartitionsMax))); err != nil {
 		ps.addf("redis.prefix", "%q must match ^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$", r.Prefix)
 	}
+	if r.DialTimeout < 0 {
+		ps.addf("redis.dialTimeout", "%s is negative", r.DialTimeout.D())
+	}
+	if r.ReadTimeout < 0 {
+		ps.addf("redis.readTimeout", "%s is negative", r.ReadTimeout.D())
+	}
 	if r.PoolSize < 0 {
 		ps.addf("redis.poolSize", "%d is negative", r.PoolSize)
 	} else if need := c.Runner.Concurrency + c.Partitions; r.PoolSize > 0 && !cluster && r.PoolSize < need {
