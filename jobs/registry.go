@@ -104,7 +104,9 @@ func NewRegistry(rdb redis.UniversalClient, cfg Config) (*Registry, error) {
 		return nil, fmt.Errorf("%w: nil redis client", ErrConfig)
 	}
 	// A Cluster client must follow failovers: go-redis alone keeps a dead
-	// master's slots for up to a minute (internal/slotmap).
+	// master's slots for up to a minute (internal/slotmap). (Its
+	// leasing.Manager, on the same client, adds a second hook; reloads
+	// asked for at once are merged.)
 	slotmap.Follow(rdb)
 	ks, err := keyspace.New(cfg.Prefix, cfg.Partitions)
 	if err != nil {

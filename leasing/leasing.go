@@ -37,6 +37,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tasklease/tasklease/internal/keyspace"
+	"github.com/tasklease/tasklease/internal/slotmap"
 	"github.com/tasklease/tasklease/lua"
 	"github.com/tasklease/tasklease/taskkey"
 )
@@ -121,6 +122,8 @@ func NewManager(rdb redis.UniversalClient, cfg Config) (*Manager, error) {
 	if rdb == nil {
 		return nil, fmt.Errorf("%w: nil redis client", ErrConfig)
 	}
+	// A Cluster client must follow failovers (internal/slotmap).
+	slotmap.Follow(rdb)
 	ks, err := keyspace.New(cfg.Prefix, cfg.Partitions)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
