@@ -150,7 +150,7 @@ func pollUntil(t *testing.T, deadline time.Time, what string, f func() error) ti
 // or a plain channel, on a node of cl other than dead.
 func subscribedOnLive(ctx context.Context, cl *redistest.Cluster, dead *redistest.Server, channel string) error {
 	for _, addr := range cl.Addrs() {
-		if addr == dead.Addr() {
+		if dead != nil && addr == dead.Addr() {
 			continue
 		}
 		c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
@@ -204,5 +204,42 @@ func waitReplicated(t *testing.T, addr, key string) {
 	}
 	if n, err := conn.Do(ctx, "WAIT", 1, 5000).Int(); err != nil || n < 1 {
 		t.Fatalf("WAIT: %d replicas, %v", n, err)
+	}
+}
+
+// TestHungMasterSubscriptionsMove: a master that hangs (SIGSTOP) instead of
+// dying keeps its TCP connections open, so go-redis would wait on the
+// runner's pub/sub connection to it until TCP gives up. The hub's probe
+// notices that the connection stopped confirming and subscribes its
+// channels again, on the promoted master, soon after the failover.
+func TestHungMasterSubscriptionsMove(t *testing.T) {
+	cl := redistest.StartClusterWithReplicas(t)
+	// Short timeouts, as README advises against hung masters, so the
+	// slot map follows the failover quickly.
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), DialTimeout: time.Second, ReadTimeout: time.Second})
+	t.Cleanup(func() { _ = rdb.Close() })
+	ctx := context.Background()
+	e := newEnv(t, rdb, Config{Prefix: "hm", Jobs: []Job{clJob("backup", Stage{Name: "dump", Handler: &counter{}})}})
+	e.startRunner(RunnerConfig{ID: "hm", Concurrency: 4, LeaseTTL: 2 * time.Second})
+	k := taskkey.MustNew("u1", "backup")
+	p := e.reg.ks.Partition(k)
+	master := cl.MasterOf(t, e.reg.ks.Task(k))
+	pollUntil(t, time.Now().Add(10*time.Second), "the cancel channel to be subscribed", func() error {
+		return subscribedOnLive(ctx, cl, nil, e.reg.ks.Cancels(p))
+	})
+
+	paused := time.Now()
+	master.Pause()
+	cl.WaitFailover(t, master, 30*time.Second)
+	ok := time.Now()
+	moved := pollUntil(t, ok.Add(hubProbeEvery+hubProbeTimeout+15*time.Second), "the cancel channel to move to a live node", func() error {
+		return subscribedOnLive(ctx, cl, master, e.reg.ks.Cancels(p))
+	})
+	t.Logf("master paused; cluster ok %s later; partition %d's cancel channel subscribed on a live node %s after that",
+		ms(ok.Sub(paused)), p, ms(moved.Sub(ok)))
+	// And the partition works: a run there finishes on the promoted master.
+	clSubmit(t, e.reg, "u1", "backup", SourceManual, "")
+	if v := e.waitStatus("u1", "backup", 30*time.Second, StatusDone, StatusFailed, StatusCancelled); v.Status != StatusDone {
+		t.Fatalf("u1: %s (%s)", v.Status, v.LastError)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -14,6 +15,17 @@ import (
 // subscribers re-read with Get and the runner's heartbeat returns the cancel
 // flag, so nothing depends on every message arriving.
 const hubBuffer = 256
+
+// A connection is probed every hubProbeEvery: one of its channels is
+// subscribed again, which Redis confirms. One that has confirmed nothing
+// for hubProbeEvery + hubProbeTimeout is replaced by a new connection: its
+// node hangs (SIGSTOP, a network partition) and go-redis would go on
+// waiting for it until TCP gives up, long after a failover moved the
+// channels' slot to another node.
+const (
+	hubProbeEvery   = 5 * time.Second
+	hubProbeTimeout = 5 * time.Second
+)
 
 // hub shares Redis pub/sub connections among every subscriber of a
 // Registry — SSE clients, dashboards, the runner's cancel listener — and
@@ -33,6 +45,7 @@ type hub struct {
 	mu        sync.Mutex
 	mode      hubMode
 	conns     map[string]*redis.PubSub              // by shard ("" when not sharded)
+	seen      map[*redis.PubSub]time.Time           // last confirmation or message per connection
 	subs      map[string]map[*subscription]struct{} // channel → listeners
 	confirmed map[string]bool                       // channel subscribed, per Redis
 	waiters   map[string][]chan struct{}            // closed when the channel is confirmed
@@ -56,7 +69,7 @@ type subscription struct {
 }
 
 func newHub(rdb redis.UniversalClient, sharded func(context.Context) (bool, error)) *hub {
-	return &hub{rdb: rdb, sharded: sharded, conns: map[string]*redis.PubSub{},
+	return &hub{rdb: rdb, sharded: sharded, conns: map[string]*redis.PubSub{}, seen: map[*redis.PubSub]time.Time{},
 		subs:      map[string]map[*subscription]struct{}{},
 		confirmed: map[string]bool{}, waiters: map[string][]chan struct{}{}}
 }
@@ -132,6 +145,7 @@ func (h *hub) subscribe(ctx context.Context, channels []string) (*subscription, 
 			// Only now: a reader started before the first SSUBSCRIBE would
 			// connect the Cluster client's PubSub to a random node.
 			go h.read(shard, ps)
+			go h.probe(shard, ps)
 		}
 		if err != nil {
 			s.Close()
@@ -160,6 +174,7 @@ func (h *hub) openLocked(ctx context.Context, shard string) *redis.PubSub {
 		ps = h.rdb.Subscribe(context.WithoutCancel(ctx))
 	}
 	h.conns[shard] = ps
+	h.seen[ps] = time.Now() // the probe's clock starts with the connection
 	return ps
 }
 
@@ -172,6 +187,7 @@ func (h *hub) read(shard string, ps *redis.PubSub) {
 			h.mu.Unlock()
 			continue
 		}
+		h.seen[ps] = time.Now()
 		switch m := msg.(type) {
 		case *redis.Subscription:
 			if (m.Kind == "subscribe" || m.Kind == "ssubscribe") && h.subs[m.Channel] != nil {
@@ -191,6 +207,84 @@ func (h *hub) read(shard string, ps *redis.PubSub) {
 		}
 		h.mu.Unlock()
 	}
+}
+
+// subscribeOn (S)SUBSCRIBEs chans on ps, as the hub's mode says.
+func (h *hub) subscribeOn(ctx context.Context, ps *redis.PubSub, chans ...string) error {
+	h.mu.Lock()
+	sharded := h.mode == hubSharded
+	h.mu.Unlock()
+	if sharded {
+		return ps.SSubscribe(ctx, chans...)
+	}
+	return ps.Subscribe(ctx, chans...)
+}
+
+// probe checks ps every hubProbeEvery until it is replaced or closed, and
+// replaces it when it stopped answering (see hubProbeEvery).
+func (h *hub) probe(shard string, ps *redis.PubSub) {
+	tick := time.NewTicker(hubProbeEvery)
+	defer tick.Stop()
+	for range tick.C {
+		h.mu.Lock()
+		if h.conns[shard] != ps {
+			h.mu.Unlock()
+			return
+		}
+		var ch string
+		for c := range h.subs {
+			if h.shardOf(c) == shard {
+				ch = c
+				break
+			}
+		}
+		last := h.seen[ps]
+		h.mu.Unlock()
+		if ch == "" {
+			continue
+		}
+		if time.Since(last) > hubProbeEvery+hubProbeTimeout {
+			h.replace(shard, ps)
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), hubProbeTimeout)
+		_ = h.subscribeOn(ctx, ps, ch) // its confirmation is the answer
+		cancel()
+	}
+}
+
+// replace closes ps, which stopped answering, and subscribes its channels
+// on a new connection (on a Cluster, to their slot's master now).
+// Messages published meanwhile are lost, as across any reconnect: views
+// are re-read, and the heartbeat returns the cancel flag.
+func (h *hub) replace(shard string, ps *redis.PubSub) {
+	h.mu.Lock()
+	if h.conns[shard] != ps {
+		h.mu.Unlock()
+		return
+	}
+	var chans []string
+	for c := range h.subs {
+		if h.shardOf(c) == shard {
+			chans = append(chans, c)
+		}
+	}
+	delete(h.conns, shard)
+	delete(h.seen, ps)
+	var fresh *redis.PubSub
+	if len(chans) > 0 {
+		fresh = h.openLocked(context.Background(), shard)
+	}
+	h.mu.Unlock()
+	_ = ps.Close()
+	if fresh == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), hubProbeTimeout)
+	_ = h.subscribeOn(ctx, fresh, chans...) // if this fails too, its probe replaces it again
+	cancel()
+	go h.read(shard, fresh)
+	go h.probe(shard, fresh)
 }
 
 // Close ends the subscription: channels nobody else listens to are
@@ -219,6 +313,7 @@ func (s *subscription) Close() {
 			if !h.shardInUseLocked(shard) {
 				_ = ps.Close()
 				delete(h.conns, shard)
+				delete(h.seen, ps)
 				continue
 			}
 			if h.mode == hubSharded {
