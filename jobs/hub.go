@@ -132,15 +132,9 @@ func (h *hub) subscribe(ctx context.Context, channels []string) (*subscription, 
 			wait = append(wait, w)
 		}
 	}
-	mode := h.mode
 	h.mu.Unlock()
 	for ps, chans := range fresh {
-		var err error
-		if mode == hubSharded {
-			err = ps.SSubscribe(ctx, chans...)
-		} else {
-			err = ps.Subscribe(ctx, chans...)
-		}
+		err := h.subscribeOn(ctx, ps, chans...)
 		if shard, ok := opened[ps]; ok {
 			// Only now: a reader started before the first SSUBSCRIBE would
 			// connect the Cluster client's PubSub to a random node.
