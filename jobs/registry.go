@@ -257,15 +257,16 @@ func (r *Registry) Submit(ctx context.Context, subject, scope string, opts Submi
 	if _, err := ParsePolicy(string(opts.Policy)); err != nil {
 		return SubmitResult{}, err
 	}
-	req := &submitReq{k: k, p: r.ks.Partition(k), args: [8]any{k.String(), subject, string(opts.Source), string(opts.Policy),
-		newRunID(), r.stagesCSV[scope], job.Retry.MaxAttempts, job.MinInterval.Milliseconds()}}
+	req := &submitReq{k: k, p: r.ks.Partition(k), subject: subject, source: opts.Source, policy: opts.Policy,
+		runID: newRunID(), stages: r.stagesCSV[scope], maxAttempts: job.Retry.MaxAttempts,
+		minInterval: job.MinInterval.Milliseconds()}
 	if err := r.submits.Add(ctx, req); err != nil {
 		return SubmitResult{}, fmt.Errorf("jobs: submit %s: %w", k, err)
 	}
 	if req.err != nil {
 		return SubmitResult{}, fmt.Errorf("jobs: submit %s: %w", k, req.err)
 	}
-	out := SubmitResult{Outcome: Outcome(req.outcome), Task: viewFromReply(k, req.view)}
+	out := SubmitResult{Outcome: Outcome(req.outcome), Task: req.taskView()}
 	r.metrics.requests.WithLabelValues(scope, string(opts.Source), string(out.Outcome)).Inc()
 	r.log.LogAttrs(ctx, slog.LevelDebug, "request",
 		slog.String("task_key", k.String()), slog.String("run_id", out.Task.RunID),

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/tasklease/tasklease/internal/keyspace"
@@ -22,9 +23,15 @@ const (
 
 // submitReq is one Submit on its way to Redis.
 type submitReq struct {
-	k    taskkey.Key
-	p    int
-	args [8]any // submit.lua's per-request ARGV
+	k           taskkey.Key
+	p           int
+	subject     string
+	source      Source
+	policy      Policy
+	runID       string // of the run it starts, if it starts one
+	stages      string // comma list
+	maxAttempts int
+	minInterval int64 // ms
 	// results, set by flushSubmits
 	outcome, view string
 	err           error
@@ -96,10 +103,23 @@ func (r *Registry) submitCall(reqs []*submitReq) *scriptCall {
 	}
 	for i, q := range reqs {
 		c.keys = append(c.keys, r.ks.Task(q.k), r.ks.History(q.k), r.ks.Subjects(q.p, q.k.Scope()))
-		c.args = append(c.args, block[i])
-		c.args = append(c.args, q.args[:]...)
+		c.args = append(c.args, block[i], q.k.String(), q.subject, string(q.source), string(q.policy), q.runID,
+			q.stages, q.maxAttempts, q.minInterval)
 	}
 	return c
+}
+
+// taskView is the view submit.lua replied with. For a run it started the
+// reply is only the server time: the rest is what this request asked for.
+func (q *submitReq) taskView() TaskView {
+	if Outcome(q.outcome) != OutcomeStarted {
+		return viewFromReply(q.k, q.view)
+	}
+	var vals [vfCount]string
+	vals[vfRunID], vals[vfStatus], vals[vfStages] = q.runID, string(StatusQueued), q.stages
+	vals[vfDone], vals[vfAttempt], vals[vfMaxAttempts] = "0", "0", strconv.Itoa(q.maxAttempts)
+	vals[vfSources], vals[vfRequestedAt], vals[vfUpdatedAt] = string(q.source), q.view, q.view
+	return viewFromValues(q.k.String(), q.k.Subject(), q.k.Scope(), vals[:])
 }
 
 // viewFromReply builds the TaskView of k from submit.lua's encoded view

@@ -14,9 +14,9 @@ local rec = redis.call('HMGET', task, 'status', 'runId', 'key')
 local status = rec[1]
 if not (status == 'queued' or status == 'running' or status == 'retrying') then return 'not_running' end
 local now = now_ms()
-redis.call('HSET', task, 'followUp', '0', 'followUpSources', '')
+redis.call('HSET', task, 'followUp', '0', 'followUpSources', '', 'v', '')
 if status == 'running' then
-  redis.call('HSET', task, 'cancel', '1', 'updatedAt', now)
+  redis.call('HSET', task, 'cancel', '1', 'updatedAt', now, 'v', '')
   publish_view(task, ARGV[3], KEYS[6])
   redis.call(PUBLISH_CMD, ARGV[4], cancel_payload(rec[3], rec[2]))
   return 'cancelling'

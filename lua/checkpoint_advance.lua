@@ -15,7 +15,7 @@ local done = tonumber(rec[4]) or 0
 if list_at(rec[3], done + 1) ~= ARGV[4] then return {-1} end
 local nxt = list_at(rec[3], done + 2)
 local now = now_ms()
-redis.call('HSET', KEYS[2], 'done', done + 1, 'stage', nxt, 'cursor', '', 'updatedAt', now)
+redis.call('HSET', KEYS[2], 'done', done + 1, 'stage', nxt, 'cursor', '', 'updatedAt', now, 'v', '')
 hist_add(KEYS[3], ARGV[5], now, 'stage', ARGV[3], {stage = ARGV[4], outcome = 'done', owner = ARGV[1], token = ARGV[2]})
 publish_view(KEYS[2], ARGV[6], KEYS[4])
 return {1, nxt}

@@ -86,7 +86,7 @@ local function claim_one(task, lease_key, hist, lane, entry_id, run_id, source, 
     end
     redis.call('XCLAIM', stream, group, owner, 0, entry_id, 'IDLE', idle_ms, 'JUSTID')
     if rec[12] ~= why then
-      redis.call('HSET', task, 'waiting', why)
+      redis.call('HSET', task, 'waiting', why, 'v', '')
       publish_view(task, channel, KEYS[2])
     end
     return {'foreign', missing}
@@ -132,6 +132,8 @@ local function claim_one(task, lease_key, hist, lane, entry_id, run_id, source, 
     fields[#fields + 1] = 'waiting'
     fields[#fields + 1] = ''
   end
+  fields[#fields + 1] = 'v' -- the cached view (lib.lua submit_fast)
+  fields[#fields + 1] = ''
   redis.call('HSET', task, unpack(fields))
   -- 'recovered' is reserved for crash recovery (the lease expired while
   -- running); a retry or a handed-back run is 'started' again, with its

@@ -73,7 +73,7 @@ local function finish()
     local due = now + tonumber(ARGV[7])
     ack_entry(streams[rec[11] or 'b'] or streams.b, ARGV[8], rec[1])
     redis.call('HSET', task, unpack(with({'status', 'retrying', 'nextAttemptAt', due, 'lastError', ARGV[6],
-      'entry', '', 'updatedAt', now})))
+      'entry', '', 'updatedAt', now, 'v', ''})))
     redis.call('ZADD', KEYS[7], due, run_id .. ' ' .. rec[3])
     push(hist_entry(now, 'retry-scheduled', run_id, {stage = rec[8], error = ARGV[6],
       outcome = 'attempt ' .. attempt .. ' of ' .. max_attempts, owner = owner, token = token}))
@@ -87,7 +87,7 @@ local function finish()
     if first == '' then first = 'manual' end
     local id = redis.call('XADD', streams[lane], '*', 'key', rec[3], 'runId', run_id, 'source', first)
     redis.call('HSET', task, unpack(with({'status', 'queued', 'attempt', attempt - 1, 'entry', id, 'lane', lane,
-      'updatedAt', now})))
+      'updatedAt', now, 'v', ''})))
     push(hist_entry(now, 'handed-back', run_id, {stage = rec[8], owner = owner, token = token}))
   else
     finish_terminal({task = task, streams = streams, hist = hist, index = KEYS[6], group = ARGV[8], cap = cap,

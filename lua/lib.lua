@@ -231,16 +231,16 @@ local function cp_begin(task_key, run_id, stages_csv, owner, token, now)
   if rec[1] ~= run_id then
     done, cursor, stages_now = 0, '', stages_csv
     redis.call('HSET', task_key, 'runId', run_id, 'stages', stages_csv, 'done', 0, 'cursor', '',
-      'attempt', 0, 'startedAt', now, 'finishedAt', '', 'lastError', '', 'cancel', '0')
+      'attempt', 0, 'startedAt', now, 'finishedAt', '', 'lastError', '', 'cancel', '0', 'v', '')
   else
     done, cursor, stages_now = tonumber(rec[2]) or 0, rec[3] or '', rec[4] or stages_csv
-    if not rec[5] or rec[5] == '' then redis.call('HSET', task_key, 'startedAt', now) end
+    if not rec[5] or rec[5] == '' then redis.call('HSET', task_key, 'startedAt', now, 'v', '') end
   end
   local stages = split(stages_now, ',')
   local stage = stages[done + 1] or ''
   local attempt = redis.call('HINCRBY', task_key, 'attempt', 1)
   redis.call('HSET', task_key, 'status', 'running', 'stage', stage, 'owner', owner,
-    'token', tok_str(token), 'updatedAt', now, 'nextAttemptAt', '', 'waiting', '')
+    'token', tok_str(token), 'updatedAt', now, 'nextAttemptAt', '', 'waiting', '', 'v', '')
   return done, stage, cursor, attempt
 end
 
@@ -282,7 +282,7 @@ local function new_run(r)
       'stage', '', 'cursor', '', 'attempt', 0, 'maxAttempts', r.max_attempts, 'sources', r.sources,
       'owner', '', 'requestedAt', r.now, 'startedAt', '', 'updatedAt', r.now, 'finishedAt', '',
       'nextAttemptAt', '', 'lastError', '', 'cancel', '0', 'followUp', '0', 'followUpSources', '',
-      'entry', id, 'lane', lane, 'waiting', '')
+      'entry', id, 'lane', lane, 'waiting', '', 'v', '')
     redis.call('PERSIST', r.task)
     redis.call('PERSIST', r.hist)
   else
@@ -342,6 +342,8 @@ local function finish_terminal(c, result, err, rec, before)
   if c.extra then
     for i = 1, #c.extra do fields[#fields + 1] = c.extra[i] end
   end
+  fields[#fields + 1] = 'v' -- the cached view (submit_fast)
+  fields[#fields + 1] = ''
   redis.call('HSET', c.task, unpack(fields))
   local ev = hist_entry(c.now, result, rec[2], {stage = rec[8] or '', error = err, owner = rec[9] or '',
     token = rec[10] or ''})
@@ -399,19 +401,6 @@ local function view_reply(r, vals, off)
   return table.concat(out, US)
 end
 
--- submit_one routes one TaskStartRequest (see submit.lua for the rules);
--- vals is submit_read's reply when the caller has it.
--- Dedup is by task key only; the source is recorded, never compared. A
--- request that changes nothing (a repeated join, skip, queue or throttle)
--- reads the record once and writes one field.
--- a: {task, hist, streams, index, subjects, retry, watch (keys);
---     key, subject, source, policy, run_id, stages, max_attempts,
---     min_interval (ms), cap, events, cancels, group, retention (ms),
---     occ_field, occ (a schedule occurrence: '' for none), now}
--- returns the outcome: started | joined | queued | skipped | replaced |
--- throttled, or duplicate when occ_field already holds occ or a later
--- occurrence (unix seconds) — this occurrence already reached the key, or a
--- newer one did; nothing is written.
 -- submit_read reads what submit_one decides on (one HMGET): the coalescing
 -- counters of this request's outcomes and its occurrence field (indices
 -- 1..5), then SUBMIT_READ (from index 6).
@@ -423,27 +412,68 @@ local function submit_read(task, src, policy, occ_field)
     n_field(src, 'throttled'), occ_field ~= '' and occ_field or 'runId', unpack(SUBMIT_READ))
 end
 
--- submit_fast answers a request that changes nothing but a counter — a
--- repeated join (of a source the run already has, needing no promotion)
--- or skip on an active run — with one HSET; vals is submit_read's reply.
--- Returns outcome and view, or nil when submit_one must decide.
-local function submit_fast(task, src, policy, vals, now)
-  local status = vals[7]
-  if not (status == 'queued' or status == 'running' or status == 'retrying') then return nil end
-  if not co_of_run(vals[1], vals[6]) then return nil end
-  if policy == 'join' then
-    if not list_has(vals[13], src) or (is_person(src) and status == 'queued' and vals[27] ~= 'p') then return nil end
-  elseif policy ~= 'skip' then
-    return nil
-  end
-  local po = POLICY_OUTCOME[policy]
-  redis.call('HSET', task, n_field(src, po), repeat_count(vals[2], now))
-  return po, view_reply(nil, vals, 5)
+-- The record caches its encoded view (view_reply) in field 'v', so that a
+-- request that changes nothing reads a few fields instead of every view
+-- field (on a record of ~20 fields an HMGET of all of them costs more than
+-- the rest of the request). Every script that writes a view field also
+-- writes 'v' = '' in the same HSET. The cache is used only while its stamp
+-- (V_TAG, runId, status, stage, updatedAt, sources) still matches the
+-- record, so a writer that does not clear it (an older version during a
+-- rolling deploy) cannot make it answer with a stale run or stage.
+local V_TAG = 'v1' -- bump when VIEW_FIELDS changes (jobs.TestViewCacheTag pins it)
+
+-- FAST_READ: after the co and n fields of the request's outcome.
+local FAST_READ = {'status', 'runId', 'sources', 'lane', 'stage', 'updatedAt', 'v'}
+
+-- view_stamp is the prefix of a valid cached view for fast-read values f.
+local function view_stamp(f)
+  return V_TAG .. (f[4] or '') .. US .. f[3] .. US .. (f[7] or '') .. US .. (f[8] or '') .. US .. (f[5] or '') .. '\30'
 end
 
+-- submit_fast answers a request that changes nothing but a counter — a
+-- repeated join (of a source the run already has, needing no promotion)
+-- or skip on an active run — with one HMGET of 9 fields and one HSET; the
+-- view comes from the cache ('v'), or, on the first such request after a
+-- change, from an HMGET of VIEW_FIELDS that refills it. want_view false
+-- (callers that reply with outcomes only) skips the view.
+-- Returns outcome and view, or nil — and false when there is no record —
+-- when submit_one must decide.
+local function submit_fast(task, src, policy, now, want_view)
+  local po = POLICY_OUTCOME[policy]
+  if po ~= 'joined' and po ~= 'skipped' then return nil end
+  local f = redis.call('HMGET', task, co_field(src, po), n_field(src, po), unpack(FAST_READ))
+  local status = f[3]
+  if not status then return nil, false end
+  if not (status == 'queued' or status == 'running' or status == 'retrying') then return nil, true end
+  if not co_of_run(f[1], f[4]) then return nil, true end
+  if po == 'joined' and (not list_has(f[5], src) or (is_person(src) and status == 'queued' and f[6] ~= 'p')) then
+    return nil, true
+  end
+  local count = repeat_count(f[2], now)
+  if not want_view then
+    redis.call('HSET', task, n_field(src, po), count)
+    return po, ''
+  end
+  local stamp, v = view_stamp(f), f[9]
+  if v and string.sub(v, 1, #stamp) == stamp then
+    redis.call('HSET', task, n_field(src, po), count)
+    return po, string.sub(v, #stamp + 1)
+  end
+  local view = view_reply(nil, redis.call('HMGET', task, unpack(VIEW_FIELDS)), 0)
+  redis.call('HSET', task, n_field(src, po), count, 'v', stamp .. view)
+  return po, view
+end
+
+-- submit_one routes one TaskStartRequest (see submit.lua for the rules);
+-- vals is submit_read's reply when the caller has it ({} for a key with
+-- no record).
+-- Dedup is by task key only; the source is recorded, never compared.
+-- returns the outcome: started | joined | queued | skipped | replaced |
+-- throttled, or duplicate when occ_field already holds occ or a later
+-- occurrence (unix seconds) — this occurrence already reached the key, or a
+-- newer one did; nothing is written.
 local function submit_one(a, vals)
   local task, hist, now, src = a.task, a.hist, a.now, a.source
-  local tried_fast = vals ~= nil -- a caller that read vals has tried submit_fast
   vals = vals or submit_read(task, src, a.policy, a.occ ~= '' and a.occ_field or '')
   local X = 5 -- SUBMIT_READ starts at vals[X + 1]
   -- A repeat of this occurrence, or a late batch of an older one (a leader
@@ -453,10 +483,6 @@ local function submit_one(a, vals)
   end
   local cur, status = vals[X + 1], vals[X + 2]
   local active = status == 'queued' or status == 'running' or status == 'retrying'
-  if a.occ == '' and not tried_fast then
-    local outcome, view = submit_fast(task, src, a.policy, vals, now)
-    if outcome then return outcome, view end
-  end
   -- A new run (no active one, not throttled): nothing read is needed but
   -- whether the record exists, and the reply is what was written.
   local last = tonumber(vals[X + 20])
@@ -470,9 +496,8 @@ local function submit_one(a, vals)
     if src ~= 'schedule' then redis.call('ZADD', a.subjects, now, a.subject) end
     if a.occ ~= '' then redis.call('HSET', task, a.occ_field, a.occ) end
     publish_view(task, a.events, a.watch)
-    -- VIEW_FIELDS of the new run
-    return 'started', table.concat({a.run_id, 'queued', '', a.stages, '0', '0', a.max_attempts, src, '', '',
-      now, '', now, '', '', '', '', '', ''}, US)
+    -- the caller knows the rest of the new run's view (jobs.startedView)
+    return 'started', now
   end
   local r = {}
   for i = 1, #SUBMIT_READ do r[SUBMIT_READ[i]] = vals[X + i] end
@@ -538,6 +563,7 @@ local function submit_one(a, vals)
       put('updatedAt', now)
       redis.call(PUBLISH_CMD, a.cancels, cancel_payload(a.key, cur))
     else
+      put('v', '')
       redis.call('HSET', task, unpack(set))
       set = {}
       redis.call('ZREM', a.retry, cur .. ' ' .. a.key)
@@ -549,6 +575,7 @@ local function submit_one(a, vals)
     outcome, changed = 'replaced', true
   end
   if a.occ ~= '' then put(a.occ_field, a.occ) end
+  if changed then put('v', '') end -- the cached view (submit_fast)
   if #set > 0 then redis.call('HSET', task, unpack(set)) end
   if changed then publish_view(task, a.events, a.watch) end
   if not r then return outcome end -- rewritten: the caller reads the view

@@ -16,10 +16,12 @@
 -- per request i, ARGV[j+1 .. j+9] with j = 4 + 2np + 9(i-1): partition
 --   block q, task key, subject, source, policy, new run id, stages (comma
 --   list), maxAttempts, minInterval (ms, 0 = none)
--- returns per request: outcome, view (VIEW_FIELDS, US-separated: view_reply)
+-- returns per request: outcome, view (VIEW_FIELDS, US-separated: view_reply;
+--   for started, only the server time in ms: the caller knows the rest)
 --   outcome: started | joined | queued | skipped | replaced | throttled
--- Cost: a repeated join or skip is one EXISTS, one HMGET and one HSET of a
--- counter (plus TIME once per call); a new run adds XADD, HSET, RPUSH, ZADD
+-- Cost: a repeated join or skip is one HMGET of 9 fields and one HSET of a
+-- counter (the view comes from the record's cache, see submit_fast; plus
+-- TIME once per call); a new run is that HMGET, XADD, HSET, RPUSH, ZADD
 -- index (and the subjects ZADD for requests that are not schedule), EXISTS
 -- watch.
 local now = now_ms()
@@ -27,12 +29,16 @@ local np = tonumber(ARGV[4])
 local base_k, base_a = 5 * np, 4 + 2 * np
 local blocks = {}
 local out = {}
+-- submit_one's arguments: one table for the call, its per-request fields
+-- rewritten (a table per request cost more than the rest of a new run's Lua)
+local a = {cap = ARGV[1], group = ARGV[2], retention = ARGV[3], occ_field = '', occ = '', now = now}
 for i = 1, (#KEYS - base_k) / 3 do
   local k, j = base_k + 3 * i - 2, base_a + 9 * (i - 1)
   local task, source, policy = KEYS[k], ARGV[j + 4], ARGV[j + 5]
-  local vals = submit_read(task, source, policy, '')
-  local outcome, view = submit_fast(task, source, policy, vals, now)
+  local outcome, view = submit_fast(task, source, policy, now, true)
   if not outcome then
+    local vals = nil -- submit_one reads the record
+    if view == false then vals = {} end -- no record
     local q = tonumber(ARGV[j + 1])
     local pk = 5 * q - 4
     local streams = blocks[q]
@@ -40,12 +46,12 @@ for i = 1, (#KEYS - base_k) / 3 do
       streams = {b = KEYS[pk], p = KEYS[pk + 4]}
       blocks[q] = streams
     end
-    outcome, view = submit_one({task = task, hist = KEYS[k + 1], streams = streams, index = KEYS[pk + 1],
-      subjects = KEYS[k + 2], retry = KEYS[pk + 2], watch = KEYS[pk + 3],
-      key = ARGV[j + 2], subject = ARGV[j + 3], source = source, policy = policy, run_id = ARGV[j + 6],
-      stages = ARGV[j + 7], max_attempts = ARGV[j + 8], min_interval = tonumber(ARGV[j + 9]), cap = ARGV[1],
-      events = ARGV[3 + 2 * q], cancels = ARGV[4 + 2 * q], group = ARGV[2], retention = ARGV[3],
-      occ_field = '', occ = '', now = now}, vals)
+    a.task, a.hist, a.streams, a.index, a.subjects, a.retry, a.watch = task, KEYS[k + 1], streams, KEYS[pk + 1],
+      KEYS[k + 2], KEYS[pk + 2], KEYS[pk + 3]
+    a.key, a.subject, a.source, a.policy, a.run_id = ARGV[j + 2], ARGV[j + 3], source, policy, ARGV[j + 6]
+    a.stages, a.max_attempts, a.min_interval = ARGV[j + 7], ARGV[j + 8], tonumber(ARGV[j + 9])
+    a.events, a.cancels = ARGV[3 + 2 * q], ARGV[4 + 2 * q]
+    outcome, view = submit_one(a, vals)
   end
   if not view then view = view_reply(nil, redis.call('HMGET', task, unpack(VIEW_FIELDS)), 0) end
   out[#out + 1] = outcome

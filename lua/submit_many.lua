@@ -20,13 +20,23 @@ local now = now_ms()
 local out = {}
 local n = (#KEYS - 6) / 2
 local streams = {b = KEYS[1], p = KEYS[6]}
+-- submit_one's arguments, one table for the batch (see submit.lua)
+local a = {streams = streams, index = KEYS[2], subjects = KEYS[3], retry = KEYS[4], watch = KEYS[5],
+  source = ARGV[2], policy = ARGV[3], stages = ARGV[4], max_attempts = ARGV[5], min_interval = tonumber(ARGV[6]),
+  cap = ARGV[7], events = ARGV[8], cancels = ARGV[9], group = ARGV[10], retention = ARGV[11],
+  occ_field = ARGV[12], occ = ARGV[13], now = now}
 for i = 1, n do
   local subject = ARGV[12 + 2 * i]
-  out[i] = submit_one({task = KEYS[5 + 2 * i], hist = KEYS[6 + 2 * i], streams = streams, index = KEYS[2],
-    subjects = KEYS[3], retry = KEYS[4], watch = KEYS[5],
-    key = subject .. '|' .. ARGV[1], subject = subject, source = ARGV[2], policy = ARGV[3],
-    run_id = ARGV[13 + 2 * i], stages = ARGV[4], max_attempts = ARGV[5], min_interval = tonumber(ARGV[6]),
-    cap = ARGV[7], events = ARGV[8], cancels = ARGV[9], group = ARGV[10], retention = ARGV[11],
-    occ_field = ARGV[12], occ = ARGV[13], now = now})
+  local vals = nil
+  if ARGV[12] == '' then -- without an occurrence a repeat can take the fast path
+    local outcome, exists = submit_fast(KEYS[5 + 2 * i], ARGV[2], ARGV[3], now, false)
+    out[i] = outcome
+    if exists == false then vals = {} end
+  end
+  if not out[i] then
+    a.task, a.hist, a.key, a.subject, a.run_id = KEYS[5 + 2 * i], KEYS[6 + 2 * i], subject .. '|' .. ARGV[1],
+      subject, ARGV[13 + 2 * i]
+    out[i] = submit_one(a, vals)
+  end
 end
 return out
