@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -48,7 +47,7 @@ type Cluster struct {
 // reports cluster_state:ok with all 16384 slots assigned. It skips the test
 // when redis-server or redis-cli is not on PATH, unless
 // TASKLEASE_REQUIRE_REDIS=1. All nodes are stopped when the test ends.
-func StartCluster(t testing.TB) *Cluster {
+func StartCluster(t T) *Cluster {
 	t.Helper()
 	return startCluster(t, 0)
 }
@@ -58,12 +57,12 @@ func StartCluster(t testing.TB) *Cluster {
 // until every replica has synced with its master and every node agrees on
 // the roles, so a killed master's replica can be promoted (see MasterOf,
 // Server.Kill and WaitFailover).
-func StartClusterWithReplicas(t testing.TB) *Cluster {
+func StartClusterWithReplicas(t T) *Cluster {
 	t.Helper()
 	return startCluster(t, 1)
 }
 
-func startCluster(t testing.TB, replicas int) *Cluster {
+func startCluster(t T, replicas int) *Cluster {
 	t.Helper()
 	bin := requireBinary(t, "redis-server")
 	cli := requireBinary(t, "redis-cli")
@@ -114,7 +113,7 @@ func startCluster(t testing.TB, replicas int) *Cluster {
 
 // freeClusterPort returns a free port whose bus port (port+10000) is free
 // too and still a valid port, since redis-server needs both.
-func freeClusterPort(t testing.TB) int {
+func freeClusterPort(t T) int {
 	t.Helper()
 	for range 100 {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -228,7 +227,7 @@ func infoFields(raw string) map[string]string {
 
 // Client returns a new go-redis cluster client seeded with all nodes,
 // closed when the test ends.
-func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
+func (c *Cluster) Client(t T) *redis.ClusterClient {
 	t.Helper()
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
 	t.Cleanup(func() { _ = cc.Close() })
@@ -390,7 +389,7 @@ func slotOwner(ctx context.Context, addr string, slot int64) (string, error) {
 
 // MasterOf returns the node that masters key's slot now, as the first live
 // node's CLUSTER SLOTS says.
-func (c *Cluster) MasterOf(t testing.TB, key string) *Server {
+func (c *Cluster) MasterOf(t T, key string) *Server {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -433,7 +432,7 @@ func (c *Cluster) ReplicaOf(master *Server) *Server {
 // master of dead's slots. It returns the promoted node, or fails the test after timeout.
 // The cluster is probed every clusterPollStep, so the return time is when
 // the cluster recovered, to within a probe.
-func (c *Cluster) WaitFailover(t testing.TB, dead *Server, timeout time.Duration) *Server {
+func (c *Cluster) WaitFailover(t T, dead *Server, timeout time.Duration) *Server {
 	t.Helper()
 	replica := c.ReplicaOf(dead)
 	if replica == nil {

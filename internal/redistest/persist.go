@@ -2,7 +2,6 @@ package redistest
 
 import (
 	"slices"
-	"testing"
 )
 
 // StartServerWith is StartServer with extra redis-server arguments appended
@@ -15,11 +14,11 @@ import (
 // server's life), so an append-only file written before a crash is loaded
 // again. Like StartServer it skips the test when redis-server is missing,
 // unless TASKLEASE_REQUIRE_REDIS=1.
-func StartServerWith(t testing.TB, args ...string) *Server {
+func StartServerWith(t T, args ...string) *Server {
 	t.Helper()
 	bin := requireBinary(t, "redis-server")
 	extra := slices.Clone(args) // the caller may reuse its slice
 	s := newServer(t, bin, t.TempDir(), func(int) []string { return extra })
-	s.startOnFreePort(t, func(t testing.TB) int { return FreePort(t) })
+	s.startOnFreePort(t, func(t T) int { return FreePort(t) })
 	return s
 }

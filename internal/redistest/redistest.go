@@ -48,6 +48,21 @@ const (
 	pollStep = 10 * time.Millisecond
 )
 
+// T is what this package needs of a test: testing.TB satisfies it, and the
+// chaos command (internal/chaos) passes its own, so the same servers,
+// Sentinels and Clusters serve tests and a user's chaos run.
+type T interface {
+	Helper()
+	Cleanup(func())
+	Failed() bool
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+	Log(args ...any)
+	Logf(format string, args ...any)
+	Skip(args ...any)
+	TempDir() string
+}
+
 // RequireRedis reports whether TASKLEASE_REQUIRE_REDIS=1, i.e. whether a
 // missing redis-server must fail the test rather than skip it.
 func RequireRedis() bool {
@@ -56,7 +71,7 @@ func RequireRedis() bool {
 
 // FreePort returns a loopback TCP port that was free a moment ago. The port is
 // released before returning, so callers must tolerate losing the race for it.
-func FreePort(t testing.TB) int {
+func FreePort(t T) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -71,7 +86,7 @@ func FreePort(t testing.TB) int {
 
 // lookBinary finds name on PATH. When it is missing it returns a reason
 // suitable for t.Skip/t.Log, and fails the test outright if RequireRedis.
-func lookBinary(t testing.TB, name string) (path, missing string) {
+func lookBinary(t T, name string) (path, missing string) {
 	t.Helper()
 	path, err := exec.LookPath(name)
 	if err == nil {
@@ -84,7 +99,7 @@ func lookBinary(t testing.TB, name string) (path, missing string) {
 }
 
 // requireBinary is lookBinary that skips the test when the binary is missing.
-func requireBinary(t testing.TB, name string) string {
+func requireBinary(t T, name string) string {
 	t.Helper()
 	path, missing := lookBinary(t, name)
 	if missing != "" {
@@ -154,15 +169,15 @@ type Server struct {
 // persistence disabled, and waits until it answers PING. It skips the test
 // when redis-server is not on PATH, unless TASKLEASE_REQUIRE_REDIS=1. The
 // server is stopped when the test ends.
-func StartServer(t testing.TB) *Server {
+func StartServer(t T) *Server {
 	t.Helper()
 	bin := requireBinary(t, "redis-server")
 	s := newServer(t, bin, t.TempDir(), nil)
-	s.startOnFreePort(t, func(t testing.TB) int { return FreePort(t) })
+	s.startOnFreePort(t, func(t T) int { return FreePort(t) })
 	return s
 }
 
-func newServer(t testing.TB, bin, dir string, extraArgs func(int) []string) *Server {
+func newServer(t T, bin, dir string, extraArgs func(int) []string) *Server {
 	s := &Server{bin: bin, dir: dir, extraArgs: extraArgs, log: &LogBuffer{}}
 	t.Cleanup(func() {
 		s.Stop()
@@ -177,7 +192,7 @@ func newServer(t testing.TB, bin, dir string, extraArgs func(int) []string) *Ser
 
 // startOnFreePort launches on ports from pick, moving to a new port when the
 // chosen one was taken between pick and bind.
-func (s *Server) startOnFreePort(t testing.TB, pick func(testing.TB) int) {
+func (s *Server) startOnFreePort(t T, pick func(T) int) {
 	t.Helper()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -205,7 +220,7 @@ func (s *Server) addrLocked() string {
 
 // Client returns a new go-redis client for the server, closed when the test
 // ends. It keeps working across Restart because go-redis redials.
-func (s *Server) Client(t testing.TB) *redis.Client {
+func (s *Server) Client(t T) *redis.Client {
 	t.Helper()
 	c := redis.NewClient(&redis.Options{Addr: s.Addr()})
 	t.Cleanup(func() { _ = c.Close() })
@@ -263,7 +278,7 @@ func (s *Server) runningLocked() bool {
 
 // Restart starts the server again on the same port after Stop or Kill, and
 // waits until it answers PING. Data is not preserved.
-func (s *Server) Restart(t testing.TB) {
+func (s *Server) Restart(t T) {
 	t.Helper()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -410,7 +425,7 @@ type Mini struct {
 
 // StartMini starts a miniredis whose clock is frozen at 2026-01-01T00:00:00Z
 // and only moves with Advance. It is closed when the test ends.
-func StartMini(t testing.TB) *Mini {
+func StartMini(t T) *Mini {
 	t.Helper()
 	mr, err := miniredis.Run()
 	if err != nil {
@@ -427,7 +442,7 @@ func StartMini(t testing.TB) *Mini {
 
 // Client returns a new go-redis client for the miniredis, closed when the
 // test ends.
-func (m *Mini) Client(t testing.TB) *redis.Client {
+func (m *Mini) Client(t T) *redis.Client {
 	t.Helper()
 	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { _ = c.Close() })

@@ -245,7 +245,7 @@ func TestServerRetriesTakenPort(t *testing.T) {
 
 	s := newServer(t, bin, t.TempDir(), nil)
 	picks := 0
-	s.startOnFreePort(t, func(t testing.TB) int {
+	s.startOnFreePort(t, func(t T) int {
 		picks++
 		if picks == 1 {
 			return takenPort

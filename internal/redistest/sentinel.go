@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -35,18 +34,18 @@ type Sentinels struct {
 // each other and the replica is in sync. It skips without redis-server
 // unless TASKLEASE_REQUIRE_REDIS=1; everything is stopped when the test
 // ends.
-func StartSentinel(t testing.TB) *Sentinels {
+func StartSentinel(t T) *Sentinels {
 	t.Helper()
 	bin := requireBinary(t, "redis-server")
 	dir := t.TempDir()
 	st := &Sentinels{}
 	st.Primary = newServer(t, bin, dir, nil)
-	st.Primary.startOnFreePort(t, func(t testing.TB) int { return FreePort(t) })
+	st.Primary.startOnFreePort(t, func(t T) int { return FreePort(t) })
 	primary := st.Primary.Addr()
 	st.Replica = newServer(t, bin, dir, func(int) []string {
 		return []string{"--replicaof", "127.0.0.1", strconv.Itoa(st.Primary.port)}
 	})
-	st.Replica.startOnFreePort(t, func(t testing.TB) int { return FreePort(t) })
+	st.Replica.startOnFreePort(t, func(t T) int { return FreePort(t) })
 	for i := range sentinelCount {
 		s := newServer(t, bin, dir, func(int) []string { return []string{"--sentinel"} })
 		s.confFile = func(port int) (string, error) {
@@ -57,7 +56,7 @@ func StartSentinel(t testing.TB) *Sentinels {
 				SentinelMaster, sentinelDownAfter.Milliseconds(), SentinelMaster, sentinelFailoverTimeout.Milliseconds())
 			return conf, os.WriteFile(conf, []byte(body), 0o600)
 		}
-		s.startOnFreePort(t, func(t testing.TB) int { return FreePort(t) })
+		s.startOnFreePort(t, func(t T) int { return FreePort(t) })
 		st.sentinels = append(st.sentinels, s)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -72,7 +71,7 @@ func StartSentinel(t testing.TB) *Sentinels {
 func (st *Sentinels) SentinelAddrs() []string { return addrsOf(st.sentinels) }
 
 // Client returns a Sentinel-backed failover client, closed when t ends.
-func (st *Sentinels) Client(t testing.TB) *redis.Client {
+func (st *Sentinels) Client(t T) *redis.Client {
 	t.Helper()
 	c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: SentinelMaster, SentinelAddrs: st.SentinelAddrs()})
 	t.Cleanup(func() { _ = c.Close() })
