@@ -23,15 +23,21 @@ const (
 	sentinelCount           = 3
 )
 
-// Sentinels is a primary, a replica and three Sentinels on loopback ports.
+// sentinelReplicas is how many replicas StartSentinel gives the primary:
+// with two, a second failover still finds a replica to promote.
+const sentinelReplicas = 2
+
+// Sentinels is a primary, its replicas and three Sentinels on loopback
+// ports.
 type Sentinels struct {
-	Primary, Replica *Server
-	sentinels        []*Server
+	Primary   *Server
+	Replicas  []*Server
+	sentinels []*Server
 }
 
-// StartSentinel starts a primary, a replica of it and three Sentinels
+// StartSentinel starts a primary, two replicas of it and three Sentinels
 // (`redis-server --sentinel`, quorum 2) and waits until the Sentinels see
-// each other and the replica is in sync. It skips without redis-server
+// each other and the replicas are in sync. It skips without redis-server
 // unless TASKLEASE_REQUIRE_REDIS=1; everything is stopped when the test
 // ends.
 func StartSentinel(t T) *Sentinels {
@@ -42,10 +48,13 @@ func StartSentinel(t T) *Sentinels {
 	st.Primary = newServer(t, bin, dir, nil)
 	st.Primary.startOnFreePort(t, func(t T) int { return FreePort(t) })
 	primary := st.Primary.Addr()
-	st.Replica = newServer(t, bin, dir, func(int) []string {
-		return []string{"--replicaof", "127.0.0.1", strconv.Itoa(st.Primary.port)}
-	})
-	st.Replica.startOnFreePort(t, func(t T) int { return FreePort(t) })
+	for range sentinelReplicas {
+		r := newServer(t, bin, dir, func(int) []string {
+			return []string{"--replicaof", "127.0.0.1", strconv.Itoa(st.Primary.port)}
+		})
+		r.startOnFreePort(t, func(t T) int { return FreePort(t) })
+		st.Replicas = append(st.Replicas, r)
+	}
 	for i := range sentinelCount {
 		s := newServer(t, bin, dir, func(int) []string { return []string{"--sentinel"} })
 		s.confFile = func(port int) (string, error) {
@@ -93,11 +102,47 @@ func (st *Sentinels) MasterAddr(ctx context.Context) (string, error) {
 	return "", fmt.Errorf("redistest: no sentinel knows the master: %v", lastErr)
 }
 
-// waitReady polls until every Sentinel knows the other two and the replica
-// reports its link to the primary up.
+// Server returns the primary or replica listening on addr, nil if none.
+func (st *Sentinels) Server(addr string) *Server {
+	for _, s := range append([]*Server{st.Primary}, st.Replicas...) {
+		if s.Addr() == addr {
+			return s
+		}
+	}
+	return nil
+}
+
+// WaitPromoted polls until the Sentinels name a primary other than dead
+// and that server answers as a master; it returns the new primary.
+func (st *Sentinels) WaitPromoted(ctx context.Context, dead string) (*Server, error) {
+	for {
+		if addr, err := st.MasterAddr(ctx); err == nil && addr != dead {
+			if s := st.Server(addr); s != nil {
+				c := redis.NewClient(&redis.Options{Addr: addr})
+				info, err := c.Info(ctx, "replication").Result()
+				_ = c.Close()
+				if err == nil && infoFields(info)["role"] == "master" {
+					return s, nil
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("redistest: no replica of %s promoted: %w", dead, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// waitReady polls until every Sentinel knows the other two and every
+// replica reports its link to the primary up.
 func (st *Sentinels) waitReady(ctx context.Context) error {
-	rep := redis.NewClient(&redis.Options{Addr: st.Replica.Addr()})
-	defer rep.Close()
+	var reps []*redis.Client
+	for _, r := range st.Replicas {
+		c := redis.NewClient(&redis.Options{Addr: r.Addr()})
+		defer c.Close()
+		reps = append(reps, c)
+	}
 	for {
 		ready := true
 		for _, s := range st.sentinels {
@@ -108,8 +153,10 @@ func (st *Sentinels) waitReady(ctx context.Context) error {
 				ready = false
 			}
 		}
-		if info, err := rep.Info(ctx, "replication").Result(); err != nil || infoFields(info)["master_link_status"] != "up" {
-			ready = false
+		for _, rep := range reps {
+			if info, err := rep.Info(ctx, "replication").Result(); err != nil || infoFields(info)["master_link_status"] != "up" {
+				ready = false
+			}
 		}
 		if ready {
 			return nil
