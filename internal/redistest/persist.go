@@ -1,6 +1,9 @@
 package redistest
 
 import (
+	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 )
 
@@ -21,4 +24,21 @@ func StartServerWith(t T, args ...string) *Server {
 	s := newServer(t, bin, t.TempDir(), func(int) []string { return extra })
 	s.startOnFreePort(t, func(t T) int { return FreePort(t) })
 	return s
+}
+
+// WipeData deletes what a persistent server wrote to its data directory
+// (the append-only files and any RDB snapshot), so the next Restart comes
+// up empty: a Redis that lost its disk. Call it between Kill and Restart.
+func (s *Server) WipeData() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.runningLocked() {
+		return fmt.Errorf("redistest: WipeData of %s while it is running", s.addrLocked())
+	}
+	for _, name := range []string{"appendonlydir", "appendonly.aof", "dump.rdb"} {
+		if err := os.RemoveAll(filepath.Join(s.dir, name)); err != nil {
+			return fmt.Errorf("redistest: wipe %s: %w", name, err)
+		}
+	}
+	return nil
 }

@@ -46,3 +46,20 @@ func TestStartServerWithRestartKeepsData(t *testing.T) {
 		t.Fatalf("after restart CONFIG GET appendfsync = %v, %v", got, err)
 	}
 }
+
+func TestWipeDataRestartsEmpty(t *testing.T) {
+	s := StartServerWith(t, "--appendonly", "yes", "--appendfsync", "always")
+	ctx := context.Background()
+	c := s.Client(t)
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	s.Kill()
+	if err := s.WipeData(); err != nil {
+		t.Fatal(err)
+	}
+	s.Restart(t)
+	if n, err := c.Exists(ctx, "k").Result(); err != nil || n != 0 {
+		t.Fatalf("after WipeData and Restart: EXISTS k = %d, %v; want 0 (data gone)", n, err)
+	}
+}
