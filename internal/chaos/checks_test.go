@@ -1,6 +1,6 @@
 //go:build linux
 
-package main
+package chaos
 
 import (
 	"strings"
@@ -14,27 +14,21 @@ import (
 
 // Each rule of the chaos checker, fed a history that breaks it, reports a
 // violation, and fed the same history without the fault reports none: the
-// checks of TestChaosE2E can fail.
+// checks of a chaos run can fail.
 
-// checkerHarness is a chaosHarness with just what the checks read.
-func checkerHarness(t *testing.T, subjects ...string) *chaosHarness {
+// checkerHarness is a harness with just what the checks read.
+func checkerHarness(t *testing.T, subjects ...string) *harness {
 	t.Helper()
-	ks, err := keyspace.New(chaosPrefix, 2)
+	ks, err := keyspace.New(keyPrefix, partitions)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &chaosHarness{t: t, ks: ks, rdb: redistest.StartMini(t).Client(t), bulk: subjects, killed: map[int64]int{}}
+	h := &harness{t: t, logfn: t.Logf, ks: ks, rdb: redistest.StartMini(t).Client(t), bulk: subjects, killed: map[int64]int{}}
 	h.rec = newRecorder(t, 1, ks)
 	for _, s := range subjects {
-		h.keys = append(h.keys, taskkey.MustNew(s, chaosBulk))
+		h.keys = append(h.keys, taskkey.MustNew(s, bulkScope))
 	}
 	return h
-}
-
-func violations(h *chaosHarness, check string) []string {
-	h.viol.mu.Lock()
-	defer h.viol.mu.Unlock()
-	return h.viol.by[check]
 }
 
 func TestCheckerTokensGoingBackwards(t *testing.T) {
@@ -54,9 +48,9 @@ func TestCheckerTokensGoingBackwards(t *testing.T) {
 			for i, tok := range tc.tokens {
 				d.grants = append(d.grants, grant{at: int64(1000 + i), token: tok, event: "started", runID: "r"})
 			}
-			h.epochs = []*chaosEpoch{{start: 0, end: 5000}}
-			h.checkTokens(map[string]*keyData{taskkey.MustNew("u1", chaosBulk).String(): d}, nil, nil)
-			if got := violations(h, checkTokens); len(got) != tc.want {
+			h.epochs = []*epoch{{start: 0, end: 5000}}
+			h.checkTokens(map[string]*keyData{taskkey.MustNew("u1", bulkScope).String(): d}, nil, nil)
+			if got := h.viol.of(checkTokens); len(got) != tc.want {
 				t.Fatalf("%d violations, want %d: %v", len(got), tc.want, got)
 			}
 		})
@@ -81,7 +75,7 @@ func TestCheckerOverlappingAcceptedExecutions(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := checkerHarness(t, "u1")
 			h.checkOverlaps(tc.reqs, nil)
-			if got := violations(h, checkOverlap); len(got) != tc.want {
+			if got := h.viol.of(checkOverlap); len(got) != tc.want {
 				t.Fatalf("%d violations, want %d: %v", len(got), tc.want, got)
 			}
 		})
@@ -107,13 +101,13 @@ func TestCheckerExactlyOncePerOccurrence(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := checkerHarness(t, "u1")
-			ep := &chaosEpoch{start: 0, end: 3000, fired: []int64{1, 2}, states: states,
-				keys: map[string]*keyData{taskkey.MustNew("u1", chaosBulk).String(): {sched: tc.sched, events: len(tc.sched), first: 1}}}
+			ep := &epoch{start: 0, end: 3000, fired: []int64{1, 2}, states: states,
+				keys: map[string]*keyData{taskkey.MustNew("u1", bulkScope).String(): {sched: tc.sched, events: len(tc.sched), first: 1}}}
 			_, checked := h.checkOnce(0, ep)
 			if checked != 2 {
 				t.Fatalf("%d occurrences checked, want 2", checked)
 			}
-			got := violations(h, checkOnce)
+			got := h.viol.of(checkOnce)
 			if len(got) != tc.want {
 				t.Fatalf("%d violations, want %d: %v", len(got), tc.want, got)
 			}

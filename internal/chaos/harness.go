@@ -1,0 +1,355 @@
+//go:build linux
+
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tasklease/tasklease/internal/keyspace"
+	"github.com/tasklease/tasklease/internal/redistest"
+	"github.com/tasklease/tasklease/taskkey"
+)
+
+const (
+	scheduleName = "chaos-bulk"
+	keyPrefix    = "tasklease"
+	bulkScope    = "bulk"
+	syncScope    = "sync"
+	historyCap   = 2000
+	partitions   = 2
+	syncN        = 12 // subjects of the sync job
+)
+
+// epoch is one stretch of the run without Redis data loss: the cron
+// occurrences fired in it and the keys' state at its end.
+type epoch struct {
+	start, end int64 // checked window (Redis ms): subjects seeded .. Redis lost or cron stopped
+	fired      []int64
+	states     map[int64]occState
+	keys       map[string]*keyData
+}
+
+// stopSpan is a SIGSTOP of one runner incarnation.
+type stopSpan struct {
+	marker   string
+	from, to time.Time
+}
+
+// harness is one run: what it started, what it did, what it found.
+type harness struct {
+	t                      redistest.T
+	logfn                  func(format string, args ...any)
+	seed                   int64
+	rng                    *rand.Rand // fault schedule; main goroutine only
+	dir, bin, execLog      string
+	cfgCron, cfgPlain      string
+	nonce                  string
+	topo                   topology
+	rdb                    redis.UniversalClient
+	ks                     *keyspace.Space
+	rec                    *recorder
+	http                   *http.Client // the load's and the checker's: a stopped runner must not hang them
+	viol                   violations
+	bulk, syncs            []string
+	keys                   []taskkey.Key
+	ids                    []string
+	redisDown, redisUp     time.Time // the restart, once
+	epochs                 []*epoch
+	bg                     sync.WaitGroup
+	t0                     time.Time
+	stateKey, leaderKey    string
+	kills, leaderKills     atomic.Int64
+	midFanOut, stops, errs atomic.Int64
+	graceful, descSeen     atomic.Int64
+	goneMax                atomic.Int64 // longest wait for a dead runner's processes to go (ns)
+	submits, cancels       atomic.Int64
+	fgs, redisRestarts     atomic.Int64
+	logsKept               string // where the logs were copied, once they were
+
+	mu      sync.Mutex
+	runners map[string]*runnerProc
+	all     []*runnerProc
+	incs    int
+	stopLog []stopSpan
+	outc    map[string]int
+	killed  map[int64]int // occurrences whose fan-out a leader kill interrupted → epoch
+
+	stMu   sync.Mutex
+	states []map[int64]occState // per epoch, from the poller
+}
+
+// Run is one chaos soak (see the package doc): it starts the topology's
+// Redis, the recorder and opts.Runners runner processes, seeds the
+// subjects, runs load and faults for opts.Duration, deploys the runners
+// again without the schedule, drains, checks, and returns the report.
+// Violations are counted in the report; the caller decides what they mean.
+// Run returns an error for bad options or when it cannot complete; setup
+// failures may also call t.Fatalf, and a missing redis-server calls t.Skip
+// (unless TASKLEASE_REQUIRE_REDIS=1). Everything it started is stopped by
+// t's cleanups. It calls t's methods from the calling goroutine only.
+func Run(t redistest.T, opts Options) (Report, error) {
+	t.Helper()
+	opts = opts.withDefaults()
+	if err := opts.validate(); err != nil {
+		return Report{}, fmt.Errorf("chaos: %w", err)
+	}
+	if opts.Logf == nil {
+		opts.Logf = t.Logf
+	}
+	topo, err := newTopology(t, opts.Topology)
+	if err != nil {
+		return Report{}, fmt.Errorf("chaos: %w", err)
+	}
+	h, err := newHarness(t, opts, topo)
+	if err != nil {
+		return Report{}, fmt.Errorf("chaos: %w", err)
+	}
+	rep, err := h.run(opts)
+	if err != nil {
+		return rep, fmt.Errorf("chaos: %w", err)
+	}
+	return rep, nil
+}
+
+func newHarness(t redistest.T, opts Options, topo topology) (*harness, error) {
+	ks, err := keyspace.New(keyPrefix, partitions)
+	if err != nil {
+		return nil, fmt.Errorf("keyspace: %w", err)
+	}
+	dir := t.TempDir()
+	h := &harness{t: t, logfn: opts.Logf, seed: opts.Seed, rng: rand.New(rand.NewPCG(uint64(opts.Seed), 1)),
+		dir: dir, bin: opts.RunnerBin, execLog: dir + "/exec.log", nonce: fmt.Sprintf("chaos%x", rand.Uint64()),
+		topo: topo, rdb: topo.client(), ks: ks, http: &http.Client{Timeout: 3 * time.Second},
+		runners: map[string]*runnerProc{}, outc: map[string]int{}, killed: map[int64]int{}, states: []map[int64]occState{{}},
+		stateKey: "{" + keyPrefix + ":cron:" + scheduleName + "}:fanout", leaderKey: keyPrefix + ":cron:leader"}
+	for i := range opts.Runners {
+		h.ids = append(h.ids, fmt.Sprintf("chaos-%c", 'a'+i))
+	}
+	h.rec = newRecorder(t, opts.Seed, ks)
+	for i := range opts.Keys {
+		h.bulk = append(h.bulk, fmt.Sprintf("u%03d", i))
+		h.keys = append(h.keys, taskkey.MustNew(h.bulk[i], bulkScope))
+	}
+	for i := range syncN {
+		h.syncs = append(h.syncs, fmt.Sprintf("s%02d", i))
+		h.keys = append(h.keys, taskkey.MustNew(h.syncs[i], syncScope))
+	}
+	return h, nil
+}
+
+// run is Run once the harness is set up.
+func (h *harness) run(opts Options) (Report, error) {
+	t := h.t
+	begin := time.Now()
+	dur, long := opts.Duration, opts.long()
+	// Registered first, so it runs last: nothing a runner started may
+	// outlive the run, whatever the build under test does.
+	t.Cleanup(func() {
+		if n := killMarked(h.nonce, true); n > 0 {
+			h.note("cleanup killed %d leftover processes", n)
+		}
+		// Runs before the temp dir goes: keep the runners' logs of a run
+		// that failed before it could keep them itself.
+		if h.logsKept != "" {
+			return
+		}
+		if dir := h.logsDir(opts, t.Failed()); dir != "" {
+			if err := h.keepLogs(dir); err != nil {
+				h.note("%v", err)
+			}
+		}
+	})
+	every := "1s"
+	if long && dur > 5*time.Minute {
+		every = "2s" // keeps a key's history within historyCap
+	}
+	var err error
+	if h.cfgCron, err = h.writeConfig("chaos.yaml", runnerConfig(h.rec.url, true, every)); err != nil {
+		return Report{}, err
+	}
+	if h.cfgPlain, err = h.writeConfig("chaos-nocron.yaml", runnerConfig(h.rec.url, false, every)); err != nil {
+		return Report{}, err
+	}
+
+	for _, id := range h.ids {
+		h.start(id, h.cfgCron)
+	}
+	h.epochs = []*epoch{{start: h.seedSubjects()}}
+	h.note("%d bulk subjects seeded over %d partitions", len(h.bulk), h.ks.Partitions())
+
+	pollCtx, stopPoll := context.WithCancel(context.Background())
+	var pollWG sync.WaitGroup
+	pollWG.Go(func() { h.pollState(pollCtx) })
+	loadCtx, stopLoad := context.WithCancel(context.Background())
+	var loadWG sync.WaitGroup
+	for w := range 4 {
+		loadWG.Go(func() { h.load(loadCtx, w) })
+	}
+
+	h.t0 = time.Now()
+	h.faults(dur, long)
+
+	stopLoad()
+	loadWG.Wait()
+	h.bg.Wait()
+
+	// A deploy without the schedule: every runner stops gracefully (their
+	// descendants must go too), then runners without cron drain the keys.
+	var wg sync.WaitGroup
+	for _, p := range h.current() {
+		wg.Go(func() { h.terminate(p) })
+	}
+	wg.Wait()
+	stopPoll()
+	pollWG.Wait()
+	last := h.epochs[len(h.epochs)-1]
+	last.end = h.closeEpoch(last, len(h.epochs)-1)
+	for _, id := range h.ids {
+		h.start(id, h.cfgPlain)
+	}
+	// One more exec run per sync key on the runners that stay up: once it
+	// has ended, nothing it started may be left (check 3).
+	for i, s := range h.syncs {
+		cur := h.current()
+		if _, err := h.post(cur[i%len(cur)].url+taskPath(s, syncScope)+"/runs", `{"source":"manual"}`, nil); err != nil {
+			h.viol.add(checkDescendant, "submit %s|sync after the deploy (check 3 needs its run): %v", s, err)
+		}
+	}
+	drained, finalStatus := h.drain(map[bool]time.Duration{false: 45 * time.Second, true: 90 * time.Second}[long])
+	h.noStageDescendants()
+	for _, p := range h.current() {
+		wg.Go(func() { h.terminate(p) })
+	}
+	wg.Wait()
+	if ps := scanMarked(h.nonce, true); len(ps) > 0 {
+		h.viol.add(checkDescendant, "after every runner stopped, %d processes they started are still alive:\n%s", len(ps), procList(ps))
+		killMarked(h.nonce, true)
+	}
+
+	final, err := readKeys(context.Background(), h.rdb, h.ks, h.keys)
+	if err != nil {
+		return Report{}, fmt.Errorf("read final state: %w", err)
+	}
+	last.keys = final
+	execLines, err := readExecLog(h.execLog)
+	if err != nil {
+		return Report{}, err
+	}
+	reqs := h.rec.snapshot()
+
+	h.checkTokens(final, reqs, execLines)
+	occurrences, occChecked := 0, 0
+	for i, ep := range h.epochs {
+		n, c := h.checkOnce(i, ep)
+		occurrences, occChecked = occurrences+n, occChecked+c
+	}
+	execOverlaps := h.checkOverlaps(reqs, execLines)
+
+	// Figures.
+	runs := map[string]bool{}
+	byOutcome := map[string]int{}
+	noKeyHeader := 0
+	for _, r := range reqs {
+		runs[r.runID] = true
+		byOutcome[r.outcome]++
+		if !r.keyHeader {
+			noKeyHeader++
+			h.viol.add(checkTokens, "%s: no Tasklease-Key header naming the key (DESIGN §4)", r.String())
+		}
+		if !r.headerMatches {
+			h.viol.add(checkTokens, "%s: the Tasklease-Fencing-Token header differs from the body's fencingToken", r.String())
+		}
+	}
+	execRuns := 0
+	for _, l := range execLines {
+		if l.phase == "start" {
+			execRuns++
+			runs[l.runID] = true
+		}
+	}
+	kills, leader, mid := int(h.kills.Load()), int(h.leaderKills.Load()), int(h.midFanOut.Load())
+	rep := Report{
+		Topology: h.topo.name(), Seed: h.seed, DurationSeconds: dur.Seconds(),
+		Runners: len(h.ids), Keys: len(h.bulk), SyncKeys: len(h.syncs), Partitions: h.ks.Partitions(),
+		Runs: len(runs),
+		FaultsByKind: map[string]int{
+			FaultSigkill:                kills - leader,
+			FaultSigkillLeader:          leader - mid,
+			FaultSigkillLeaderMidFanOut: mid,
+			FaultSigstopPastTTL:         int(h.stops.Load()),
+			FaultGracefulStop:           int(h.graceful.Load()),
+			FaultRedisRestartEmpty:      int(h.redisRestarts.Load()),
+		},
+		RefusedStale: byOutcome[recRefusedArrival] + byOutcome[recRefusedCommit],
+		Occurrences:  occurrences, OccurrencesChecked: occChecked, Epochs: len(h.epochs),
+		DescendantsSeen: int(h.descSeen.Load()),
+		GoneMaxSeconds:  time.Duration(h.goneMax.Load()).Round(time.Millisecond).Seconds(),
+		Requests:        len(reqs), Accepted: byOutcome[recAccepted],
+		RefusedOnArrival: byOutcome[recRefusedArrival], RefusedAtCommit: byOutcome[recRefusedCommit],
+		Aborted: byOutcome[recAborted], NoKeyHeader: noKeyHeader, PeakLivePerPartition: h.rec.peaks(),
+		ExecRuns: execRuns, ExecOverlapsExplained: execOverlaps,
+		Submits: int(h.submits.Load()), ForegroundHooks: int(h.fgs.Load()), Cancels: int(h.cancels.Load()),
+		APIErrors:    int(h.errs.Load()),
+		DrainSeconds: drained.Round(time.Millisecond).Seconds(), FinalStatuses: finalStatus,
+	}
+	for _, n := range rep.FaultsByKind {
+		rep.Faults += n
+	}
+	h.mu.Lock()
+	rep.SubmitOutcomes = h.outc
+	h.mu.Unlock()
+	rep.RunnerLogErrors = []string{}
+	for _, p := range h.allRunners() {
+		errs := p.logErrors()
+		for _, l := range errs[:min(5, len(errs))] {
+			rep.RunnerLogErrors = append(rep.RunnerLogErrors, fmt.Sprintf("%s#%d logged: %s", p.id, p.inc, l))
+		}
+		if len(errs) > 5 {
+			rep.RunnerLogErrors = append(rep.RunnerLogErrors, fmt.Sprintf("%s#%d logged %d more errors (%s)", p.id, p.inc, len(errs)-5, p.logPath))
+		}
+	}
+	rep.Violations, rep.ViolationsByCheck, rep.Details = h.viol.count(), h.viol.byCheck(), h.viol.details()
+	if dir := h.logsDir(opts, rep.Violations > 0); dir != "" {
+		if err := h.keepLogs(dir); err != nil {
+			h.note("%v", err)
+		} else {
+			h.logsKept, rep.LogsDir = dir, dir
+		}
+	}
+	rep.ElapsedSeconds = time.Since(begin).Round(time.Millisecond).Seconds()
+	return rep, nil
+}
+
+// logsDir is where the runners' logs go: opts.KeepLogs, or when the run
+// failed $TMPDIR/tasklease-chaos-e2e-<seed>; "" keeps none.
+func (h *harness) logsDir(opts Options, failed bool) string {
+	switch {
+	case opts.KeepLogs != "":
+		return opts.KeepLogs
+	case failed:
+		return filepath.Join(os.TempDir(), fmt.Sprintf("tasklease-chaos-e2e-%d", h.seed))
+	}
+	return ""
+}
+
+// logf logs a fault with its time since the chaos began.
+func (h *harness) logf(format string, args ...any) {
+	h.t.Helper()
+	h.note("+%5.1fs "+format, append([]any{time.Since(h.t0).Seconds()}, args...)...)
+}
+
+// note logs a progress line.
+func (h *harness) note(format string, args ...any) {
+	h.t.Helper()
+	h.logfn(format, args...)
+}

@@ -1,0 +1,115 @@
+package chaos
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+)
+
+// Defaults and bounds of Options.
+const (
+	// DurationDefault is the chaos phase of a run without Duration, the soak
+	// `go test ./cmd/runner` runs. A longer run is a long one: Redis restarts
+	// at half time instead of at 40 %, the drain may take 90 s instead of
+	// 45 s, and past 5 minutes the schedule fires every 2 s instead of every
+	// second (which keeps a key's history within the history cap).
+	DurationDefault = 30 * time.Second
+
+	// DurationMin leaves the fault schedule room: the first cron leader
+	// kill comes 3 s in, the Redis restart at 40 % of the duration.
+	DurationMin = 10 * time.Second
+
+	// RunnersDefault is how many runner processes run at once.
+	RunnersDefault = 3
+
+	// RunnersMax bounds Runners: runner ids are chaos-a … chaos-z.
+	RunnersMax = 26
+
+	// KeysDefault is the bulk job's subjects: with 2 partitions, each cron
+	// occurrence makes ~200 runs live per partition.
+	KeysDefault = 400
+
+	// TopologyDefault is one redis-server.
+	TopologyDefault = "single"
+)
+
+// Options configures Run. The zero value of every field but RunnerBin
+// takes its default.
+type Options struct {
+	// Duration is the chaos phase (load and faults); seeding the subjects
+	// before it and the deploy, drain and checks after it add about a
+	// minute. Default DurationDefault, at least DurationMin; longer than
+	// DurationDefault is a long run (see DurationDefault).
+	Duration time.Duration
+
+	// Runners is how many `runner serve` processes run at once (a killed
+	// one is started again). Default RunnersDefault, at most RunnersMax.
+	Runners int
+
+	// Keys is the number of subjects of the bulk job, the one every cron
+	// occurrence fans out to: Keys/2 runs per partition go live at once.
+	// Default KeysDefault.
+	Keys int
+
+	// Seed drives every random choice: the fault schedule, the load, the
+	// recorder's hold times. A run with the same Seed, Keys and Runners
+	// makes the same choices (the timing of the system under test is its
+	// own). 0 picks one from the clock; Report.Seed says which.
+	Seed int64
+
+	// RunnerBin is the path of a built `runner` binary (cmd/runner), the
+	// build under test. Required.
+	RunnerBin string
+
+	// Topology is the Redis deployment the runners use. Only "single" (one
+	// redis-server, restarted empty for the data-loss fault) exists yet.
+	// Default TopologyDefault.
+	Topology string
+
+	// Logf receives progress lines: the faults as they happen, the epochs
+	// as they are checked. Default: t.Logf.
+	Logf func(format string, args ...any)
+
+	// KeepLogs, when set, is a directory the runners' logs and the exec
+	// stage's log are copied to at the end of the run. Without it they are
+	// kept only when the run found a violation or failed, in
+	// $TMPDIR/tasklease-chaos-e2e-<seed>.
+	KeepLogs string
+}
+
+// withDefaults fills in the zero fields.
+func (o Options) withDefaults() Options {
+	o.Duration = cmp.Or(o.Duration, DurationDefault)
+	o.Runners = cmp.Or(o.Runners, RunnersDefault)
+	o.Keys = cmp.Or(o.Keys, KeysDefault)
+	o.Topology = cmp.Or(o.Topology, TopologyDefault)
+	if o.Seed == 0 {
+		o.Seed = time.Now().UnixNano()
+	}
+	return o
+}
+
+// validate lists every problem of o (after withDefaults).
+func (o Options) validate() error {
+	var errs []error
+	if o.Duration < DurationMin {
+		errs = append(errs, fmt.Errorf("duration %v: want at least %v", o.Duration, DurationMin))
+	}
+	if o.Runners < 1 || o.Runners > RunnersMax {
+		errs = append(errs, fmt.Errorf("runners %d: want 1 to %d", o.Runners, RunnersMax))
+	}
+	if o.Keys < 1 {
+		errs = append(errs, fmt.Errorf("keys %d: want at least 1", o.Keys))
+	}
+	if o.RunnerBin == "" {
+		errs = append(errs, errors.New("RunnerBin: the path of a built runner binary is required"))
+	} else if _, err := os.Stat(o.RunnerBin); err != nil {
+		errs = append(errs, fmt.Errorf("RunnerBin: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// long reports a run longer than the default soak (see DurationDefault).
+func (o Options) long() bool { return o.Duration > DurationDefault }

@@ -1,0 +1,131 @@
+package chaos
+
+import (
+	"fmt"
+	"time"
+)
+
+// Fault kinds, the keys of Report.FaultsByKind. They are disjoint, so
+// Report.Faults is their sum.
+const (
+	// FaultSigkill is a runner picked at random, SIGKILLed (every process
+	// its exec stages started must die with it) and started again.
+	FaultSigkill = "sigkill"
+	// FaultSigkillLeader is the cron leader SIGKILLed while no fan-out was
+	// in progress.
+	FaultSigkillLeader = "sigkillLeader"
+	// FaultSigkillLeaderMidFanOut is the cron leader SIGKILLed while it was
+	// fanning an occurrence out: its successor must resume the fan-out.
+	FaultSigkillLeaderMidFanOut = "sigkillLeaderMidFanOut"
+	// FaultSigstopPastTTL is a runner SIGSTOPped for 1.5–3 s, past its 1 s
+	// lease TTL, then continued: its late writes must be refused.
+	FaultSigstopPastTTL = "sigstopPastTTL"
+	// FaultGracefulStop is a runner stopped with SIGTERM (the deploy
+	// without the schedule, and the end of the run).
+	FaultGracefulStop = "gracefulStop"
+	// FaultRedisRestartEmpty is Redis losing its data: killed and started
+	// again empty, once per run.
+	FaultRedisRestartEmpty = "redisRestartEmpty"
+)
+
+// FaultKinds returns the fault kinds in the order reports show them.
+func FaultKinds() []string {
+	return []string{FaultSigkill, FaultSigkillLeader, FaultSigkillLeaderMidFanOut,
+		FaultSigstopPastTTL, FaultGracefulStop, FaultRedisRestartEmpty}
+}
+
+// Report is what a run did and found.
+type Report struct {
+	Topology        string  `json:"topology"`
+	Seed            int64   `json:"seed"`
+	DurationSeconds float64 `json:"durationSeconds"` // the chaos phase asked for
+	ElapsedSeconds  float64 `json:"elapsedSeconds"`  // the whole run, seeding to checks
+	Runners         int     `json:"runners"`
+	Keys            int     `json:"keys"`     // bulk subjects
+	SyncKeys        int     `json:"syncKeys"` // subjects of the exec job
+	Partitions      int     `json:"partitions"`
+
+	// Runs is the distinct runs the recorder and the exec log saw.
+	Runs         int            `json:"runs"`
+	Faults       int            `json:"faults"`
+	FaultsByKind map[string]int `json:"faultsByKind"`
+	// RefusedStale is the recorder's requests refused for a stale token
+	// (RefusedOnArrival + RefusedAtCommit).
+	RefusedStale int `json:"refusedStale"`
+	// Occurrences is the cron occurrences fired; OccurrencesChecked those
+	// checked for exactly one request per subject, over Epochs stretches
+	// without Redis data loss.
+	Occurrences        int `json:"occurrences"`
+	OccurrencesChecked int `json:"occurrencesChecked"`
+	Epochs             int `json:"epochs"`
+
+	// Violations is what the checks found, ViolationsByCheck the same by
+	// check ("2 tokens never go backwards", …). Details are the messages,
+	// the first 8 of each check, each with the offending key's history and
+	// recorder lines where they help.
+	Violations        int            `json:"violations"`
+	ViolationsByCheck map[string]int `json:"violationsByCheck"`
+	Details           []string       `json:"details"`
+
+	// DescendantsSeen is the processes of exec stages alive when their
+	// runner died; GoneMaxSeconds the longest wait for a dead runner's
+	// processes to go.
+	DescendantsSeen int     `json:"descendantsSeen"`
+	GoneMaxSeconds  float64 `json:"goneMaxSeconds"`
+
+	// The recorder (the bulk job's fencing downstream).
+	Requests             int   `json:"requests"`
+	Accepted             int   `json:"accepted"`
+	RefusedOnArrival     int   `json:"refusedOnArrival"`
+	RefusedAtCommit      int   `json:"refusedAtCommit"`
+	Aborted              int   `json:"aborted"` // given up by the runner
+	NoKeyHeader          int   `json:"noKeyHeader"`
+	PeakLivePerPartition []int `json:"peakLivePerPartition"`
+
+	// The exec job: stage executions, and those overlapping a newer one of
+	// their key that a SIGSTOP or the Redis restart explains.
+	ExecRuns              int `json:"execRuns"`
+	ExecOverlapsExplained int `json:"execOverlapsExplained"`
+
+	// The load, through the runners' APIs.
+	Submits         int            `json:"submits"`
+	SubmitOutcomes  map[string]int `json:"submitOutcomes"`
+	ForegroundHooks int            `json:"foregroundHooks"`
+	Cancels         int            `json:"cancels"`
+	APIErrors       int            `json:"apiErrors"` // runner down or stopped
+	DrainSeconds    float64        `json:"drainSeconds"`
+	FinalStatuses   map[string]int `json:"finalStatuses"`
+
+	// RunnerLogErrors is the first panics and ERROR lines of each runner
+	// incarnation's log.
+	RunnerLogErrors []string `json:"runnerLogErrors"`
+	// LogsDir is where the runners' logs were kept, if they were.
+	LogsDir string `json:"logsDir,omitempty"`
+}
+
+// Summary renders the report's figures, a line each (without the
+// violations' details).
+func (r Report) Summary() []string {
+	k := r.FaultsByKind
+	leader := k[FaultSigkillLeader] + k[FaultSigkillLeaderMidFanOut]
+	kills := k[FaultSigkill] + leader
+	seconds := func(s float64) time.Duration {
+		return time.Duration(s * float64(time.Second)).Round(time.Millisecond)
+	}
+	lines := []string{
+		fmt.Sprintf("runs=%d kills=%d stops=%d redisRestarts=%d refusedStale=%d occurrences=%d violations=%d",
+			r.Runs, kills, k[FaultSigstopPastTTL], k[FaultRedisRestartEmpty], r.RefusedStale, r.Occurrences, r.Violations),
+		fmt.Sprintf("faults: SIGKILL %d (cron leader %d, of them mid-fan-out %d), SIGSTOP>TTL %d, graceful stops %d, Redis restarted empty %d; processes of exec stages alive when their runner died %d, all gone within %v unless reported",
+			kills, leader, k[FaultSigkillLeaderMidFanOut], k[FaultSigstopPastTTL], k[FaultGracefulStop], k[FaultRedisRestartEmpty],
+			r.DescendantsSeen, seconds(r.GoneMaxSeconds)),
+		fmt.Sprintf("recorder: %d requests, accepted %d, refused stale %d (on arrival %d, at commit %d), aborted by the runner %d, without a Tasklease-Key header %d; peak live per partition %v",
+			r.Requests, r.Accepted, r.RefusedStale, r.RefusedOnArrival, r.RefusedAtCommit, r.Aborted, r.NoKeyHeader, r.PeakLivePerPartition),
+		fmt.Sprintf("exec: %d stage executions, %d overlapping ones explained by a SIGSTOP or the Redis restart",
+			r.ExecRuns, r.ExecOverlapsExplained),
+		fmt.Sprintf("load: %d submits (%v), %d foreground hooks, %d cancels, %d API errors (runner down or stopped); drained in %v, final statuses %v",
+			r.Submits, r.SubmitOutcomes, r.ForegroundHooks, r.Cancels, r.APIErrors, seconds(r.DrainSeconds), r.FinalStatuses),
+		fmt.Sprintf("cron: %d occurrences fired, %d checked for exactly one request per subject (%d epochs)",
+			r.Occurrences, r.OccurrencesChecked, r.Epochs),
+	}
+	return append(lines, r.RunnerLogErrors...)
+}
