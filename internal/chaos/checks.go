@@ -126,10 +126,16 @@ func (h *harness) checkTokens(final map[string]*keyData, reqs []recReq, lines []
 			}
 		}
 	}
-	if h.redisUp.IsZero() {
-		return
+	for i, o := range h.outages {
+		h.checkTokensAcross(i, o, final, reqs, lines)
 	}
-	// Before the data loss: every token the recorder, the exec log, the
+}
+
+// checkTokensAcross checks that every token granted after Redis fault i
+// began is above every token seen for the key before it: the fence holds
+// across restarts, lost disks and failovers that lost writes.
+func (h *harness) checkTokensAcross(i int, o outage, final map[string]*keyData, reqs []recReq, lines []execLine) {
+	// Before the fault: every token the recorder, the exec log, the
 	// history or the key's fence, lease and record showed.
 	preMax, known := map[string]int64{}, map[string]map[int64]bool{}
 	note := func(key string, tok int64) {
@@ -142,22 +148,25 @@ func (h *harness) checkTokens(final map[string]*keyData, reqs []recReq, lines []
 		known[key][tok] = true
 		preMax[key] = max(preMax[key], tok)
 	}
-	for key, d := range h.epochs[0].keys {
-		for _, tok := range d.tokens() {
-			note(key, tok)
+	for _, ep := range h.epochs[:i+1] {
+		for key, d := range ep.keys {
+			for _, tok := range d.tokens() {
+				note(key, tok)
+			}
 		}
 	}
 	for _, r := range reqs {
-		if r.arrive.Before(h.redisUp) {
+		if r.arrive.Before(o.down) {
 			note(r.key, r.token)
 		}
 	}
 	for _, l := range lines {
-		if l.at.Before(h.redisUp) {
+		if l.at.Before(o.down) {
 			note(l.key, l.token)
 		}
 	}
-	up := h.redisUp.Format("15:04:05.000")
+	at := o.down.Format("15:04:05.000")
+	downMs := o.down.UnixMilli()
 	for _, k := range h.keys {
 		key := k.String()
 		d := final[key]
@@ -165,24 +174,24 @@ func (h *harness) checkTokens(final map[string]*keyData, reqs []recReq, lines []
 			continue
 		}
 		for _, g := range d.grants {
-			if g.token <= preMax[key] {
-				h.viol.add(checkTokens, "key %s: token %d granted after the Redis restart (%s, %s run %s at %s) is not above token %d seen before it; its recorder requests around the restart:\n%s",
-					key, g.token, up, g.event, g.runID, time.UnixMilli(g.at).Format("15:04:05.000"), preMax[key],
-					h.rec.around(key, h.redisUp, 4))
+			if g.at > downMs && g.token <= preMax[key] {
+				h.viol.add(checkTokens, "key %s: token %d granted after the Redis fault %s (%s; %s run %s at %s) is not above token %d seen before it; its recorder requests around the fault:\n%s",
+					key, g.token, o.kind, at, g.event, g.runID, time.UnixMilli(g.at).Format("15:04:05.000"), preMax[key],
+					h.rec.around(key, o.down, 4))
 				break
 			}
 		}
 	}
 	for _, r := range reqs {
-		if r.arrive.After(h.redisUp) && r.token <= preMax[r.key] && !known[r.key][r.token] && !r.refused() {
-			h.viol.add(checkTokens, "%s: token arrived after the Redis restart (%s), was never granted before it, and is not above token %d seen before it\n%s",
-				r.String(), up, preMax[r.key], h.rec.lines(r.key, 8))
+		if r.arrive.After(o.down) && r.token <= preMax[r.key] && !known[r.key][r.token] && !r.refused() {
+			h.viol.add(checkTokens, "%s: token arrived after the Redis fault %s (%s), was never granted before it, and is not above token %d seen before it\n%s",
+				r.String(), o.kind, at, preMax[r.key], h.rec.lines(r.key, 8))
 		}
 	}
 	for _, l := range lines {
-		if l.phase == "start" && l.at.After(h.redisUp) && l.token <= preMax[l.key] && !known[l.key][l.token] {
-			h.viol.add(checkTokens, "exec stage of %s run %s started at %s with token %d after the Redis restart (%s); token %d was seen before it",
-				l.key, l.runID, l.at.Format("15:04:05.000"), l.token, up, preMax[l.key])
+		if l.phase == "start" && l.at.After(o.down) && l.token <= preMax[l.key] && !known[l.key][l.token] {
+			h.viol.add(checkTokens, "exec stage of %s run %s started at %s with token %d after the Redis fault %s (%s); token %d was seen before it",
+				l.key, l.runID, l.at.Format("15:04:05.000"), l.token, o.kind, at, preMax[l.key])
 		}
 	}
 }
@@ -259,12 +268,19 @@ func (h *harness) checkOverlaps(reqs []recReq, lines []execLine) int {
 				}
 				why := ""
 				for _, s := range stops {
-					if s.marker == a.start.marker && s.from.Before(b.start.at) && s.to.After(a.start.at) {
+					switch {
+					case s.marker == a.start.marker && s.from.Before(b.start.at) && s.to.After(a.start.at):
 						why = "its runner was SIGSTOPped"
+					case s.marker == "" && s.from.Before(b.start.at) && s.to.After(a.start.at):
+						why = "Redis was paused past the lease TTL"
 					}
 				}
-				if !h.redisUp.IsZero() && h.redisDown.Before(b.start.at) && h.redisUp.After(a.start.at.Add(-time.Second)) {
-					why = "Redis restarted empty"
+				for _, o := range h.outages {
+					// a fault that lost the lease (a restart, a failover
+					// before replication) lets a second holder start
+					if o.down.Before(b.start.at) && o.up.After(a.start.at.Add(-time.Second)) {
+						why = "a Redis fault (" + o.kind + ")"
+					}
 				}
 				if why != "" {
 					explained++

@@ -25,6 +25,8 @@ echo "end $TASKLEASE_KEY $TASKLEASE_FENCING_TOKEN $TASKLEASE_RUN_ID $(date +%s%N
 func runnerConfig(recorderURL string, cron bool, every string) string {
 	cfg := fmt.Sprintf(`redis:
   url: "${TASKLEASE_REDIS_URL:-}"
+  addrs: [${TASKLEASE_REDIS_ADDRS:-}]
+  masterName: "${TASKLEASE_REDIS_MASTER:-}"
 partitions: 2
 runner:
   id: "${TASKLEASE_RUNNER_ID}"

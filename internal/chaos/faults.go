@@ -14,35 +14,51 @@ import (
 
 // faults runs the fault schedule for dur: runners SIGKILLed (the cron
 // leader mid-fan-out now and then) and restarted, runners SIGSTOPped past
-// their lease TTL, and Redis restarted empty once.
+// their lease TTL, Redis paused past the TTL, and the topology's Redis
+// faults (restarts, failovers; one, the last, in a run under 40 s) spread
+// over the run.
 func (h *harness) faults(dur time.Duration, long bool) {
 	start := time.Now()
 	end := start.Add(dur)
-	restartAt := start.Add(dur * 4 / 10)
-	if long {
-		restartAt = start.Add(dur / 2)
+	planned := h.topo.dataFaults()
+	if dur < 40*time.Second {
+		planned = planned[len(planned)-1:]
 	}
+	faultAt := func(i int) time.Time {
+		if len(planned) == 1 {
+			if long {
+				return start.Add(dur / 2)
+			}
+			return start.Add(dur * 4 / 10)
+		}
+		return start.Add(dur * time.Duration(i+1) / time.Duration(len(planned)+1))
+	}
+	next := 0 // index of the next Redis fault
 	nextLeader := start.Add(3 * time.Second)
 	leaderEvery := max(30*time.Second, dur/8)
 	nextRandom := start.Add(time.Duration(1500+h.rng.IntN(1500)) * time.Millisecond)
-	restarted := false
-	var lastCont time.Time // the end of the latest SIGSTOP
+	var lastCont time.Time // the end of the latest SIGSTOP or CLIENT PAUSE
 	pendingOcc := ""       // a fan-out left unfinished by a killed leader
 	for time.Now().Before(end) {
 		now := time.Now()
 		// A killed leader's successor takes over after the leader TTL
-		// (10 s) and resumes the fan-out: the Redis restart waits for that
-		// (at most 10 s), so the resume is checked, and no SIGSTOPped
-		// runner's late writes straddle the data loss.
+		// (10 s) and resumes the fan-out: a Redis fault waits for that (at
+		// most 10 s), so the resume is checked, and no SIGSTOPped runner's
+		// late writes straddle a data loss.
 		resumed := pendingOcc == "" || h.fanOutFinished(pendingOcc)
+		var lastUp time.Time
+		if len(h.outages) > 0 {
+			lastUp = h.outages[len(h.outages)-1].up
+		}
 		switch {
-		case !restarted && !now.Before(restartAt) && now.After(lastCont.Add(2*time.Second)) &&
-			(resumed || now.After(restartAt.Add(10*time.Second))):
-			h.restartRedis()
-			restarted, pendingOcc = true, ""
+		case next < len(planned) && !now.Before(faultAt(next)) && now.After(lastCont.Add(2*time.Second)) &&
+			(resumed || now.After(faultAt(next).Add(10*time.Second))):
+			h.redisFault(planned[next])
+			next++
+			pendingOcc = ""
 			nextRandom = time.Now().Add(2 * time.Second)
-		case !now.Before(nextLeader) && now.Before(end.Add(-15*time.Second)) &&
-			(restarted && now.After(h.redisUp.Add(2*time.Second)) || !restarted && (h.leaderKills.Load() == 0 || now.Before(restartAt.Add(-15*time.Second)))):
+		case !now.Before(nextLeader) && now.Before(end.Add(-15*time.Second)) && (lastUp.IsZero() || now.After(lastUp.Add(2*time.Second))) &&
+			(next == len(planned) || h.leaderKills.Load() == 0 || now.Before(faultAt(next).Add(-15*time.Second))):
 			if occ := h.killLeader(); occ != "" {
 				pendingOcc = occ
 			}
@@ -50,10 +66,14 @@ func (h *harness) faults(dur time.Duration, long bool) {
 		case !now.Before(nextRandom):
 			cur := h.current()
 			p := cur[h.rng.IntN(len(cur))]
-			if h.rng.IntN(2) == 0 {
+			switch r := h.rng.IntN(5); {
+			case r < 2:
 				h.kill(p)
-			} else {
+			case r < 4 || !h.topo.pausable():
 				h.stop(p, time.Duration(1500+h.rng.IntN(1500))*time.Millisecond)
+				lastCont = time.Now()
+			default:
+				h.pauseRedis(time.Duration(1200+h.rng.IntN(800)) * time.Millisecond)
 				lastCont = time.Now()
 			}
 			nextRandom = time.Now().Add(time.Duration(1500+h.rng.IntN(2000)) * time.Millisecond)
@@ -61,6 +81,22 @@ func (h *harness) faults(dur time.Duration, long bool) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
+}
+
+// pauseRedis runs CLIENT PAUSE for d and waits until it has ended: no
+// runner can renew meanwhile, and leases expire as it ends.
+func (h *harness) pauseRedis(d time.Duration) {
+	from := time.Now()
+	if err := h.topo.pause(h.t, context.Background(), h.rng, d); err != nil {
+		h.logf("CLIENT PAUSE failed: %v", err)
+		return
+	}
+	time.Sleep(d)
+	h.pauses.Add(1)
+	h.mu.Lock()
+	h.stopLog = append(h.stopLog, stopSpan{from: from, to: time.Now()})
+	h.mu.Unlock()
+	h.logf("Redis paused for %v", d)
 }
 
 // fanOutFinished reports whether the fan-out of occurrence occ is done
@@ -174,9 +210,9 @@ func (h *harness) closeEpoch(ep *epoch, i int) int64 {
 	return now
 }
 
-// restartRedis snapshots what the checker needs from before the data loss,
-// makes Redis lose its data, and seeds the bulk subjects again.
-func (h *harness) restartRedis() {
+// redisFault snapshots what the checker needs from before a Redis fault,
+// makes it happen (data may be lost), and seeds the bulk subjects again.
+func (h *harness) redisFault(kind string) {
 	t := h.t
 	ep := h.epochs[len(h.epochs)-1]
 	ep.end = h.closeEpoch(ep, len(h.epochs)-1)
@@ -187,11 +223,11 @@ func (h *harness) restartRedis() {
 	h.stMu.Lock()
 	h.states = append(h.states, map[int64]occState{})
 	h.stMu.Unlock()
-	h.redisDown = time.Now()
-	h.topo.restartEmpty(t, time.Duration(500+h.rng.IntN(500))*time.Millisecond)
-	h.redisUp = time.Now()
-	h.redisRestarts.Add(1)
+	o := outage{kind: kind, down: time.Now()}
+	serving := h.topo.dataFault(t, kind, h.rng, time.Duration(500+h.rng.IntN(500))*time.Millisecond)
+	o.up, o.serving = time.Now(), serving
+	h.outages = append(h.outages, o)
 	h.epochs = append(h.epochs, &epoch{start: h.seedSubjects()})
-	h.logf("Redis restarted empty (down %v); subjects seeded again in %v",
-		h.redisUp.Sub(h.redisDown).Round(time.Millisecond), time.Since(h.redisUp).Round(time.Millisecond))
+	h.logf("Redis fault %s: serving again after %v; subjects seeded again in %v",
+		kind, serving.Round(time.Millisecond), time.Since(o.up).Round(time.Millisecond))
 }

@@ -39,7 +39,16 @@ type epoch struct {
 	keys       map[string]*keyData
 }
 
-// stopSpan is a SIGSTOP of one runner incarnation.
+// outage is one Redis fault: Redis went down (or lost writes) at down and
+// served again at up; it ends an epoch.
+type outage struct {
+	kind     string
+	down, up time.Time
+	serving  time.Duration // until Redis served again (a failover: the promotion), as the topology measured it
+}
+
+// stopSpan is a SIGSTOP of one runner incarnation (or, with marker "", a
+// CLIENT PAUSE of Redis).
 type stopSpan struct {
 	marker   string
 	from, to time.Time
@@ -63,7 +72,7 @@ type harness struct {
 	bulk, syncs            []string
 	keys                   []taskkey.Key
 	ids                    []string
-	redisDown, redisUp     time.Time // the restart, once
+	outages                []outage // the Redis faults, in order (main goroutine, then the checks)
 	epochs                 []*epoch
 	bg                     sync.WaitGroup
 	t0                     time.Time
@@ -73,7 +82,7 @@ type harness struct {
 	graceful, descSeen     atomic.Int64
 	goneMax                atomic.Int64 // longest wait for a dead runner's processes to go (ns)
 	submits, cancels       atomic.Int64
-	fgs, redisRestarts     atomic.Int64
+	fgs, pauses            atomic.Int64
 	logsKept               string // where the logs were copied, once they were
 
 	mu      sync.Mutex
@@ -106,7 +115,7 @@ func Run(t redistest.T, opts Options) (Report, error) {
 	if opts.Logf == nil {
 		opts.Logf = t.Logf
 	}
-	topo, err := newTopology(t, opts.Topology)
+	topo, err := newTopology(t, opts)
 	if err != nil {
 		return Report{}, fmt.Errorf("chaos: %w", err)
 	}
@@ -288,7 +297,7 @@ func (h *harness) run(opts Options) (Report, error) {
 			FaultSigkillLeaderMidFanOut: mid,
 			FaultSigstopPastTTL:         int(h.stops.Load()),
 			FaultGracefulStop:           int(h.graceful.Load()),
-			FaultRedisRestartEmpty:      int(h.redisRestarts.Load()),
+			FaultClientPause:            int(h.pauses.Load()),
 		},
 		RefusedStale: byOutcome[recRefusedArrival] + byOutcome[recRefusedCommit],
 		Occurrences:  occurrences, OccurrencesChecked: occChecked, Epochs: len(h.epochs),
@@ -301,6 +310,12 @@ func (h *harness) run(opts Options) (Report, error) {
 		Submits: int(h.submits.Load()), ForegroundHooks: int(h.fgs.Load()), Cancels: int(h.cancels.Load()),
 		APIErrors:    int(h.errs.Load()),
 		DrainSeconds: drained.Round(time.Millisecond).Seconds(), FinalStatuses: finalStatus,
+	}
+	rep.RedisFaults = []RedisFault{}
+	for _, o := range h.outages {
+		rep.FaultsByKind[o.kind]++
+		rep.RedisFaults = append(rep.RedisFaults, RedisFault{Kind: o.kind, AtSeconds: o.down.Sub(h.t0).Round(100 * time.Millisecond).Seconds(),
+			ServingAfterSeconds: o.serving.Round(time.Millisecond).Seconds()})
 	}
 	for _, n := range rep.FaultsByKind {
 		rep.Faults += n

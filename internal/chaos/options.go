@@ -32,7 +32,7 @@ const (
 	KeysDefault = 400
 
 	// TopologyDefault is one redis-server.
-	TopologyDefault = "single"
+	TopologyDefault = TopologySingle
 )
 
 // Options configures Run. The zero value of every field but RunnerBin
@@ -63,10 +63,14 @@ type Options struct {
 	// build under test. Required.
 	RunnerBin string
 
-	// Topology is the Redis deployment the runners use. Only "single" (one
-	// redis-server, restarted empty for the data-loss fault) exists yet.
-	// Default TopologyDefault.
+	// Topology is the Redis deployment the runners use: TopologySingle,
+	// TopologySentinel or TopologyCluster (see topology.go for the Redis
+	// faults of each). Default TopologyDefault.
 	Topology string
+
+	// PauseOnSentinel adds CLIENT PAUSE to the Sentinel topology's faults,
+	// which leaves it out by default (see sentinel.pausable).
+	PauseOnSentinel bool
 
 	// Logf receives progress lines: the faults as they happen, the epochs
 	// as they are checked. Default: t.Logf.

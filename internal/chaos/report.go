@@ -23,15 +23,12 @@ const (
 	// FaultGracefulStop is a runner stopped with SIGTERM (the deploy
 	// without the schedule, and the end of the run).
 	FaultGracefulStop = "gracefulStop"
-	// FaultRedisRestartEmpty is Redis losing its data: killed and started
-	// again empty, once per run.
-	FaultRedisRestartEmpty = "redisRestartEmpty"
 )
 
 // FaultKinds returns the fault kinds in the order reports show them.
 func FaultKinds() []string {
 	return []string{FaultSigkill, FaultSigkillLeader, FaultSigkillLeaderMidFanOut,
-		FaultSigstopPastTTL, FaultGracefulStop, FaultRedisRestartEmpty}
+		FaultSigstopPastTTL, FaultGracefulStop, FaultClientPause, FaultRedisRestartKeepData, FaultRedisRestartEmpty, FaultFailover}
 }
 
 // Report is what a run did and found.
@@ -101,6 +98,17 @@ type Report struct {
 	RunnerLogErrors []string `json:"runnerLogErrors"`
 	// LogsDir is where the runners' logs were kept, if they were.
 	LogsDir string `json:"logsDir,omitempty"`
+	// RedisFaults are the faults of Redis itself, in order.
+	RedisFaults []RedisFault `json:"redisFaults"`
+}
+
+// RedisFault is one fault of Redis: when it began (seconds into the chaos
+// phase), its kind, and how long until Redis served again (the failover
+// time on Sentinel and Cluster).
+type RedisFault struct {
+	Kind                string  `json:"kind"`
+	AtSeconds           float64 `json:"atSeconds"`
+	ServingAfterSeconds float64 `json:"servingAfterSeconds"`
 }
 
 // Summary renders the report's figures, a line each (without the
@@ -113,19 +121,23 @@ func (r Report) Summary() []string {
 		return time.Duration(s * float64(time.Second)).Round(time.Millisecond)
 	}
 	lines := []string{
-		fmt.Sprintf("runs=%d kills=%d stops=%d redisRestarts=%d refusedStale=%d occurrences=%d violations=%d",
-			r.Runs, kills, k[FaultSigstopPastTTL], k[FaultRedisRestartEmpty], r.RefusedStale, r.Occurrences, r.Violations),
-		fmt.Sprintf("faults: SIGKILL %d (cron leader %d, of them mid-fan-out %d), SIGSTOP>TTL %d, graceful stops %d, Redis restarted empty %d; processes of exec stages alive when their runner died %d, all gone within %v unless reported",
-			kills, leader, k[FaultSigkillLeaderMidFanOut], k[FaultSigstopPastTTL], k[FaultGracefulStop], k[FaultRedisRestartEmpty],
+		fmt.Sprintf("runs=%d kills=%d stops=%d redisFaults=%d refusedStale=%d occurrences=%d violations=%d",
+			r.Runs, kills, k[FaultSigstopPastTTL], len(r.RedisFaults), r.RefusedStale, r.Occurrences, r.Violations),
+		fmt.Sprintf("faults: SIGKILL %d (cron leader %d, of them mid-fan-out %d), SIGSTOP>TTL %d, graceful stops %d, CLIENT PAUSE>TTL %d; Redis restarted keeping its data %d, empty %d, failed over %d; processes of exec stages alive when their runner died %d, all gone within %v unless reported",
+			kills, leader, k[FaultSigkillLeaderMidFanOut], k[FaultSigstopPastTTL], k[FaultGracefulStop], k[FaultClientPause],
+			k[FaultRedisRestartKeepData], k[FaultRedisRestartEmpty], k[FaultFailover],
 			r.DescendantsSeen, seconds(r.GoneMaxSeconds)),
 		fmt.Sprintf("recorder: %d requests, accepted %d, refused stale %d (on arrival %d, at commit %d), aborted by the runner %d, without a Tasklease-Key header %d; peak live per partition %v",
 			r.Requests, r.Accepted, r.RefusedStale, r.RefusedOnArrival, r.RefusedAtCommit, r.Aborted, r.NoKeyHeader, r.PeakLivePerPartition),
-		fmt.Sprintf("exec: %d stage executions, %d overlapping ones explained by a SIGSTOP or the Redis restart",
+		fmt.Sprintf("exec: %d stage executions, %d overlapping ones explained by a SIGSTOP, a CLIENT PAUSE or a Redis fault",
 			r.ExecRuns, r.ExecOverlapsExplained),
 		fmt.Sprintf("load: %d submits (%v), %d foreground hooks, %d cancels, %d API errors (runner down or stopped); drained in %v, final statuses %v",
 			r.Submits, r.SubmitOutcomes, r.ForegroundHooks, r.Cancels, r.APIErrors, seconds(r.DrainSeconds), r.FinalStatuses),
 		fmt.Sprintf("cron: %d occurrences fired, %d checked for exactly one request per subject (%d epochs)",
 			r.Occurrences, r.OccurrencesChecked, r.Epochs),
+	}
+	for _, f := range r.RedisFaults {
+		lines = append(lines, fmt.Sprintf("redis fault at %.1fs: %s, serving again after %v", f.AtSeconds, f.Kind, seconds(f.ServingAfterSeconds)))
 	}
 	return append(lines, r.RunnerLogErrors...)
 }
