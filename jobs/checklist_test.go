@@ -115,7 +115,7 @@ func clWaitCancelSubscribers(t testing.TB, reg *Registry, want int64) {
 		chans[p] = reg.ks.Cancels(p)
 	}
 	waitFor(t, 10*time.Second, "runners subscribed to cancels", func() bool {
-		n, err := reg.rdb.PubSubNumSub(context.Background(), chans...).Result()
+		n, err := clNumSub(context.Background(), reg.rdb, chans)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -126,6 +126,44 @@ func clWaitCancelSubscribers(t testing.TB, reg *Registry, want int64) {
 		}
 		return true
 	})
+}
+
+// clNumSub counts the subscribers of each channel. A single Redis counts
+// them all (PUBSUB NUMSUB). On a Cluster a node counts only its own
+// subscribers: shard channels (SSUBSCRIBE, Redis 7) are counted by PUBSUB
+// SHARDNUMSUB on the master of their slot, plain ones by PUBSUB NUMSUB on
+// whichever node the subscriber is connected to, so every master is asked.
+func clNumSub(ctx context.Context, rdb redis.UniversalClient, chans []string) (map[string]int64, error) {
+	cc, ok := rdb.(*redis.ClusterClient)
+	if !ok {
+		return rdb.PubSubNumSub(ctx, chans...).Result()
+	}
+	n := make(map[string]int64, len(chans))
+	var mu sync.Mutex // ForEachMaster calls concurrently
+	err := cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+		plain, err := node.PubSubNumSub(ctx, chans...).Result()
+		mu.Lock()
+		defer mu.Unlock()
+		for c, k := range plain {
+			n[c] += k
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range chans {
+		node, err := cc.MasterForKey(ctx, c)
+		if err != nil {
+			return nil, err
+		}
+		shard, err := node.PubSubShardNumSub(ctx, c).Result()
+		if err != nil {
+			return nil, err
+		}
+		n[c] += shard[c]
+	}
+	return n, nil
 }
 
 // clJob is a job of named stages.
@@ -237,7 +275,7 @@ func TestChecklistManualAndScheduleSameInstantOneExecution(t *testing.T) {
 	})
 	t.Run("cluster_2_runners", func(t *testing.T) {
 		t.Parallel()
-		c := redistest.StartCluster(t)
+		c := redistest.SharedCluster(t)
 		clSameInstant(t, []redis.UniversalClient{c.Client(t), c.Client(t)})
 	})
 	t.Run("miniredis_1_runner", func(t *testing.T) {
@@ -358,46 +396,49 @@ func clSameInstant(t *testing.T, clients []redis.UniversalClient) {
 func TestChecklistForegroundJoinsRunningManual(t *testing.T) {
 	t.Parallel()
 	const subject, scope = "u42", "course_sync"
-	m := redistest.StartMini(t)
-	g := newGate()
-	push := &counter{}
-	e := newEnv(t, m.Client(t), Config{Prefix: "cl2", Jobs: []Job{
-		clJob(scope, Stage{Name: "pulling", Handler: g}, Stage{Name: "pushing", Handler: push}),
-	}})
-	e.startRunner(RunnerConfig{ID: "pod-a"})
+	for _, b := range redistest.Backends(t, redistest.WithSharedCluster) {
+		t.Run(b.Name, func(t *testing.T) {
+			g := newGate()
+			push := &counter{}
+			e := newEnv(t, b.Client, Config{Prefix: "cl2", Jobs: []Job{
+				clJob(scope, Stage{Name: "pulling", Handler: g}, Stage{Name: "pushing", Handler: push}),
+			}})
+			e.startRunner(RunnerConfig{ID: "pod-a"})
 
-	first := clSubmit(t, e.reg, subject, scope, SourceManual, "")
-	if first.Outcome != OutcomeStarted {
-		t.Fatalf("manual: outcome %s, want started", first.Outcome)
-	}
-	waitFor(t, 10*time.Second, "the manual run to enter pulling", func() bool { return g.count() == 1 })
+			first := clSubmit(t, e.reg, subject, scope, SourceManual, "")
+			if first.Outcome != OutcomeStarted {
+				t.Fatalf("manual: outcome %s, want started", first.Outcome)
+			}
+			waitFor(t, 10*time.Second, "the manual run to enter pulling", func() bool { return g.count() == 1 })
 
-	fg := clSubmit(t, e.reg, subject, scope, SourceForeground, "")
-	if fg.Outcome != OutcomeJoined {
-		t.Fatalf("foreground: outcome %s, want joined", fg.Outcome)
-	}
-	v := fg.Task
-	if v.Status != StatusRunning || v.Stage != "pulling" || v.StartedAt == nil || !v.CanCancel {
-		t.Errorf("joined view: status %s stage %q startedAt %v canCancel %v; want running, pulling, set, true",
-			v.Status, v.Stage, v.StartedAt, v.CanCancel)
-	}
-	if !slices.Equal(v.Sources, clSources(SourceManual, SourceForeground)) {
-		t.Errorf("joined view sources %v, want [manual foreground]", v.Sources)
-	}
-	if v.RunID != first.Task.RunID || v.Key != subject+"|"+scope || v.Owner == "" || v.FencingToken <= 0 {
-		t.Errorf("joined view: runId %s (first %s) key %s owner %q token %d", v.RunID, first.Task.RunID, v.Key, v.Owner, v.FencingToken)
-	}
-	if v.StartedAt != nil && v.RequestedAt != nil && v.StartedAt.Before(*v.RequestedAt) {
-		t.Errorf("startedAt %v before requestedAt %v", v.StartedAt, v.RequestedAt)
-	}
+			fg := clSubmit(t, e.reg, subject, scope, SourceForeground, "")
+			if fg.Outcome != OutcomeJoined {
+				t.Fatalf("foreground: outcome %s, want joined", fg.Outcome)
+			}
+			v := fg.Task
+			if v.Status != StatusRunning || v.Stage != "pulling" || v.StartedAt == nil || !v.CanCancel {
+				t.Errorf("joined view: status %s stage %q startedAt %v canCancel %v; want running, pulling, set, true",
+					v.Status, v.Stage, v.StartedAt, v.CanCancel)
+			}
+			if !slices.Equal(v.Sources, clSources(SourceManual, SourceForeground)) {
+				t.Errorf("joined view sources %v, want [manual foreground]", v.Sources)
+			}
+			if v.RunID != first.Task.RunID || v.Key != subject+"|"+scope || v.Owner == "" || v.FencingToken <= 0 {
+				t.Errorf("joined view: runId %s (first %s) key %s owner %q token %d", v.RunID, first.Task.RunID, v.Key, v.Owner, v.FencingToken)
+			}
+			if v.StartedAt != nil && v.RequestedAt != nil && v.StartedAt.Before(*v.RequestedAt) {
+				t.Errorf("startedAt %v before requestedAt %v", v.StartedAt, v.RequestedAt)
+			}
 
-	g.open()
-	done := e.waitStatus(subject, scope, 10*time.Second, StatusDone, StatusFailed, StatusCancelled)
-	if done.Status != StatusDone || done.RunID != first.Task.RunID {
-		t.Errorf("final: status %s run %s, want done of run %s", done.Status, done.RunID, first.Task.RunID)
-	}
-	if g.count() != 1 || push.get(subject+"/pushing") != 1 {
-		t.Errorf("pulling ran %d times, pushing %d times; want once each", g.count(), push.get(subject+"/pushing"))
+			g.open()
+			done := e.waitStatus(subject, scope, 10*time.Second, StatusDone, StatusFailed, StatusCancelled)
+			if done.Status != StatusDone || done.RunID != first.Task.RunID {
+				t.Errorf("final: status %s run %s, want done of run %s", done.Status, done.RunID, first.Task.RunID)
+			}
+			if g.count() != 1 || push.get(subject+"/pushing") != 1 {
+				t.Errorf("pulling ran %d times, pushing %d times; want once each", g.count(), push.get(subject+"/pushing"))
+			}
+		})
 	}
 }
 
@@ -421,7 +462,7 @@ func TestChecklistRunnerDiesMidStageResumesFromCheckpoint(t *testing.T) {
 	})
 	t.Run("cluster_partition", func(t *testing.T) {
 		t.Parallel()
-		c := redistest.StartCluster(t)
+		c := redistest.SharedCluster(t) // the partition is a hook on one client, not a node
 		cut := &clPartition{}
 		a := c.Client(t)
 		a.AddHook(cut)
@@ -630,92 +671,95 @@ func mapsEqual(a, b map[string]string) bool {
 func TestChecklistAccountSwitchNotBlocked(t *testing.T) {
 	t.Parallel()
 	const scope = "course_sync"
-	m := redistest.StartMini(t)
+	for _, b := range redistest.Backends(t, redistest.WithSharedCluster) {
+		t.Run(b.Name, func(t *testing.T) {
 
-	var mu sync.Mutex
-	seen := map[string]string{} // runId → subject seen by the stage
-	keys := map[string]string{} // runId → key seen by the stage
-	u1In := make(chan *Run, 1)
-	u1Cause := make(chan error, 1)
-	pulling := HandlerFunc(func(ctx context.Context, run *Run) error {
-		mu.Lock()
-		seen[run.RunID()] = run.Subject()
-		keys[run.RunID()] = run.Key().String()
-		mu.Unlock()
-		if run.Subject() != "u1" {
-			return nil
-		}
-		u1In <- run
-		<-ctx.Done()
-		u1Cause <- context.Cause(ctx)
-		return context.Cause(ctx)
-	})
-	push := &counter{}
-	e := newEnv(t, m.Client(t), Config{Prefix: "cl4", Jobs: []Job{
-		clJob(scope, Stage{Name: "pulling", Handler: pulling}, Stage{Name: "pushing", Handler: push}),
-		clJob("backup", Stage{Name: "copying", Handler: push}),
-	}})
-	clStartRunner(e, RunnerConfig{ID: "pod-a"}, 1)
+			var mu sync.Mutex
+			seen := map[string]string{} // runId → subject seen by the stage
+			keys := map[string]string{} // runId → key seen by the stage
+			u1In := make(chan *Run, 1)
+			u1Cause := make(chan error, 1)
+			pulling := HandlerFunc(func(ctx context.Context, run *Run) error {
+				mu.Lock()
+				seen[run.RunID()] = run.Subject()
+				keys[run.RunID()] = run.Key().String()
+				mu.Unlock()
+				if run.Subject() != "u1" {
+					return nil
+				}
+				u1In <- run
+				<-ctx.Done()
+				u1Cause <- context.Cause(ctx)
+				return context.Cause(ctx)
+			})
+			push := &counter{}
+			e := newEnv(t, b.Client, Config{Prefix: "cl4", Jobs: []Job{
+				clJob(scope, Stage{Name: "pulling", Handler: pulling}, Stage{Name: "pushing", Handler: push}),
+				clJob("backup", Stage{Name: "copying", Handler: push}),
+			}})
+			clStartRunner(e, RunnerConfig{ID: "pod-a"}, 1)
 
-	r1 := clSubmit(t, e.reg, "u1", scope, SourceManual, "")
-	run1 := clRecv(t, u1In, 10*time.Second, "u1's run to start")
+			r1 := clSubmit(t, e.reg, "u1", scope, SourceManual, "")
+			run1 := clRecv(t, u1In, 10*time.Second, "u1's run to start")
 
-	r2 := clSubmit(t, e.reg, "u2", scope, SourceForeground, "")
-	if r2.Outcome != OutcomeStarted || r2.Task.RunID == r1.Task.RunID {
-		t.Fatalf("u2 after the switch: outcome %s run %s (u1's %s), want a new started run", r2.Outcome, r2.Task.RunID, r1.Task.RunID)
-	}
-	v2 := e.waitStatus("u2", scope, 10*time.Second, StatusDone, StatusFailed, StatusCancelled)
-	if v2.Status != StatusDone {
-		t.Fatalf("u2: status %s, want done", v2.Status)
-	}
-	if v1, err := e.reg.Get(context.Background(), "u1", scope); err != nil || v1.Status != StatusRunning {
-		t.Fatalf("u1 while u2 ran: %v %v, want still running", v1.Status, err)
-	}
-	if push.get("u2/pushing") != 1 || push.get("u1/pushing") != 0 {
-		t.Errorf("pushing: u2 %d, u1 %d; want 1 and 0", push.get("u2/pushing"), push.get("u1/pushing"))
-	}
+			r2 := clSubmit(t, e.reg, "u2", scope, SourceForeground, "")
+			if r2.Outcome != OutcomeStarted || r2.Task.RunID == r1.Task.RunID {
+				t.Fatalf("u2 after the switch: outcome %s run %s (u1's %s), want a new started run", r2.Outcome, r2.Task.RunID, r1.Task.RunID)
+			}
+			v2 := e.waitStatus("u2", scope, 10*time.Second, StatusDone, StatusFailed, StatusCancelled)
+			if v2.Status != StatusDone {
+				t.Fatalf("u2: status %s, want done", v2.Status)
+			}
+			if v1, err := e.reg.Get(context.Background(), "u1", scope); err != nil || v1.Status != StatusRunning {
+				t.Fatalf("u1 while u2 ran: %v %v, want still running", v1.Status, err)
+			}
+			if push.get("u2/pushing") != 1 || push.get("u1/pushing") != 0 {
+				t.Errorf("pushing: u2 %d, u1 %d; want 1 and 0", push.get("u2/pushing"), push.get("u1/pushing"))
+			}
 
-	out, err := e.reg.CancelSubject(context.Background(), "u1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if out[scope] != CancelCancelling || out["backup"] != CancelNotRunning {
-		t.Errorf("CancelSubject(u1) = %v, want %s cancelling and backup not_running", out, scope)
-	}
-	if c := clRecv(t, u1Cause, 10*time.Second, "u1's stage context to end"); !errors.Is(c, ErrCancelled) {
-		t.Errorf("u1's stage context cause %v, want ErrCancelled", c)
-	}
-	if v := e.waitStatus("u1", scope, 10*time.Second, StatusCancelled, StatusDone, StatusFailed); v.Status != StatusCancelled {
-		t.Errorf("u1: status %s, want cancelled", v.Status)
-	}
+			out, err := e.reg.CancelSubject(context.Background(), "u1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if out[scope] != CancelCancelling || out["backup"] != CancelNotRunning {
+				t.Errorf("CancelSubject(u1) = %v, want %s cancelling and backup not_running", out, scope)
+			}
+			if c := clRecv(t, u1Cause, 10*time.Second, "u1's stage context to end"); !errors.Is(c, ErrCancelled) {
+				t.Errorf("u1's stage context cause %v, want ErrCancelled", c)
+			}
+			if v := e.waitStatus("u1", scope, 10*time.Second, StatusCancelled, StatusDone, StatusFailed); v.Status != StatusCancelled {
+				t.Errorf("u1: status %s, want cancelled", v.Status)
+			}
 
-	// The old account's handle can write nothing, least of all u2's record.
-	u2Before := clRaw(t, e.reg, "u2", scope)
-	u2Hist := len(clHistory(t, e.reg, "u2", scope))
-	u1Before := clRaw(t, e.reg, "u1", scope)
-	if err := run1.SaveProgress(context.Background(), []byte("u1-cursor")); !errors.Is(err, leasing.ErrNotHeld) {
-		t.Errorf("u1's SaveProgress after cancel: %v, want leasing.ErrNotHeld", err)
-	}
-	if after := clRaw(t, e.reg, "u2", scope); !mapsEqual(u2Before, after) {
-		t.Errorf("u2's record changed by u1's write:\nbefore %v\nafter  %v", u2Before, after)
-	}
-	if after := clRaw(t, e.reg, "u1", scope); !mapsEqual(u1Before, after) {
-		t.Errorf("u1's record changed by its stale write:\nbefore %v\nafter  %v", u1Before, after)
-	}
-	if n := len(clHistory(t, e.reg, "u2", scope)); n != u2Hist {
-		t.Errorf("u2's history grew from %d to %d", u2Hist, n)
-	}
+			// The old account's handle can write nothing, least of all u2's record.
+			u2Before := clRaw(t, e.reg, "u2", scope)
+			u2Hist := len(clHistory(t, e.reg, "u2", scope))
+			u1Before := clRaw(t, e.reg, "u1", scope)
+			if err := run1.SaveProgress(context.Background(), []byte("u1-cursor")); !errors.Is(err, leasing.ErrNotHeld) {
+				t.Errorf("u1's SaveProgress after cancel: %v, want leasing.ErrNotHeld", err)
+			}
+			if after := clRaw(t, e.reg, "u2", scope); !mapsEqual(u2Before, after) {
+				t.Errorf("u2's record changed by u1's write:\nbefore %v\nafter  %v", u2Before, after)
+			}
+			if after := clRaw(t, e.reg, "u1", scope); !mapsEqual(u1Before, after) {
+				t.Errorf("u1's record changed by its stale write:\nbefore %v\nafter  %v", u1Before, after)
+			}
+			if n := len(clHistory(t, e.reg, "u2", scope)); n != u2Hist {
+				t.Errorf("u2's history grew from %d to %d", u2Hist, n)
+			}
 
-	mu.Lock()
-	defer mu.Unlock()
-	want := map[string]string{r1.Task.RunID: "u1", v2.RunID: "u2"}
-	if len(seen) != 2 {
-		t.Errorf("stages saw runs %v, want exactly u1's and u2's", seen)
-	}
-	for id, subj := range want {
-		if seen[id] != subj || keys[id] != subj+"|"+scope {
-			t.Errorf("run %s: stage saw subject %q key %q, want %q", id, seen[id], keys[id], subj)
-		}
+			mu.Lock()
+			defer mu.Unlock()
+			want := map[string]string{r1.Task.RunID: "u1", v2.RunID: "u2"}
+			if len(seen) != 2 {
+				t.Errorf("stages saw runs %v, want exactly u1's and u2's", seen)
+			}
+			for id, subj := range want {
+				if seen[id] != subj || keys[id] != subj+"|"+scope {
+					t.Errorf("run %s: stage saw subject %q key %q, want %q", id, seen[id], keys[id], subj)
+				}
+			}
+		})
 	}
 }
 
@@ -724,76 +768,79 @@ func TestChecklistAccountSwitchNotBlocked(t *testing.T) {
 func TestChecklistHistoryShowsSourcesStagesResult(t *testing.T) {
 	t.Parallel()
 	const subject, scope = "u9", "course_sync"
-	m := redistest.StartMini(t)
-	c := &counter{}
-	e := newEnv(t, m.Client(t), Config{Prefix: "cl5", Jobs: []Job{
-		clJob(scope, Stage{Name: "pulling", Handler: c}, Stage{Name: "pushing", Handler: c}),
-	}})
-	// No runner yet: the three requests meet the same queued run.
-	first := clSubmit(t, e.reg, subject, scope, SourceManual, "")
-	if o := clSubmit(t, e.reg, subject, scope, SourceForeground, "").Outcome; first.Outcome != OutcomeStarted || o != OutcomeJoined {
-		t.Fatalf("outcomes %s, %s; want started, joined", first.Outcome, o)
-	}
-	if o := clSubmit(t, e.reg, subject, scope, SourceSchedule, "").Outcome; o != OutcomeJoined {
-		t.Fatalf("schedule: outcome %s, want joined", o)
-	}
-	rn, _ := e.startRunner(RunnerConfig{ID: "pod-h"})
-	v := e.waitStatus(subject, scope, 10*time.Second, StatusDone, StatusFailed, StatusCancelled)
-	if v.Status != StatusDone {
-		t.Fatalf("status %s, want done", v.Status)
-	}
-	if !slices.Equal(v.Sources, clSources(SourceManual, SourceForeground, SourceSchedule)) {
-		t.Errorf("view sources %v, want [manual foreground schedule]", v.Sources)
-	}
-
-	evs := clHistory(t, e.reg, subject, scope)
-	want := []string{
-		"done",
-		"stage pushing done",
-		"stage pulling done",
-		"started manual",
-		"joined schedule joined",
-		"joined foreground joined",
-		"requested manual started",
-	}
-	got := make([]string, len(evs))
-	for i, ev := range evs {
-		switch ev.Event {
-		case "requested", "joined":
-			got[i] = ev.Event + " " + ev.Source + " " + ev.Outcome
-		case "started":
-			got[i] = ev.Event + " " + ev.Source
-		case "stage":
-			got[i] = ev.Event + " " + ev.Stage + " " + ev.Outcome
-		default:
-			got[i] = ev.Event
-		}
-	}
-	if !slices.Equal(got, want) {
-		t.Fatalf("history (newest first):\n got %q\nwant %q", got, want)
-	}
-	for i, ev := range evs {
-		if ev.RunID != first.Task.RunID {
-			t.Errorf("event %d %s: runId %q, want %q", i, ev.Event, ev.RunID, first.Task.RunID)
-		}
-		if ev.At.IsZero() {
-			t.Errorf("event %d %s: no time", i, ev.Event)
-		}
-		if i > 0 && ev.At.After(evs[i-1].At) {
-			t.Errorf("event %d %s at %v is after the newer %s at %v", i, ev.Event, ev.At, evs[i-1].Event, evs[i-1].At)
-		}
-		switch ev.Event {
-		case "started", "stage", "done":
-			if ev.Owner != rn.Owner() || ev.FencingToken != v.FencingToken {
-				t.Errorf("%s event: owner %q token %d, want %q and %d", ev.Event, ev.Owner, ev.FencingToken, rn.Owner(), v.FencingToken)
+	for _, b := range redistest.Backends(t, redistest.WithSharedCluster) {
+		t.Run(b.Name, func(t *testing.T) {
+			c := &counter{}
+			e := newEnv(t, b.Client, Config{Prefix: "cl5", Jobs: []Job{
+				clJob(scope, Stage{Name: "pulling", Handler: c}, Stage{Name: "pushing", Handler: c}),
+			}})
+			// No runner yet: the three requests meet the same queued run.
+			first := clSubmit(t, e.reg, subject, scope, SourceManual, "")
+			if o := clSubmit(t, e.reg, subject, scope, SourceForeground, "").Outcome; first.Outcome != OutcomeStarted || o != OutcomeJoined {
+				t.Fatalf("outcomes %s, %s; want started, joined", first.Outcome, o)
 			}
-		}
-		if ev.Error != "" {
-			t.Errorf("%s event: error %q", ev.Event, ev.Error)
-		}
-	}
-	// A limit pages from the newest.
-	if top, err := e.reg.History(context.Background(), subject, scope, 2); err != nil || len(top) != 2 || top[0].Event != "done" {
-		t.Errorf("History(limit 2) = %v, %v; want the 2 newest", clEventNames(top), err)
+			if o := clSubmit(t, e.reg, subject, scope, SourceSchedule, "").Outcome; o != OutcomeJoined {
+				t.Fatalf("schedule: outcome %s, want joined", o)
+			}
+			rn, _ := e.startRunner(RunnerConfig{ID: "pod-h"})
+			v := e.waitStatus(subject, scope, 10*time.Second, StatusDone, StatusFailed, StatusCancelled)
+			if v.Status != StatusDone {
+				t.Fatalf("status %s, want done", v.Status)
+			}
+			if !slices.Equal(v.Sources, clSources(SourceManual, SourceForeground, SourceSchedule)) {
+				t.Errorf("view sources %v, want [manual foreground schedule]", v.Sources)
+			}
+
+			evs := clHistory(t, e.reg, subject, scope)
+			want := []string{
+				"done",
+				"stage pushing done",
+				"stage pulling done",
+				"started manual",
+				"joined schedule joined",
+				"joined foreground joined",
+				"requested manual started",
+			}
+			got := make([]string, len(evs))
+			for i, ev := range evs {
+				switch ev.Event {
+				case "requested", "joined":
+					got[i] = ev.Event + " " + ev.Source + " " + ev.Outcome
+				case "started":
+					got[i] = ev.Event + " " + ev.Source
+				case "stage":
+					got[i] = ev.Event + " " + ev.Stage + " " + ev.Outcome
+				default:
+					got[i] = ev.Event
+				}
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("history (newest first):\n got %q\nwant %q", got, want)
+			}
+			for i, ev := range evs {
+				if ev.RunID != first.Task.RunID {
+					t.Errorf("event %d %s: runId %q, want %q", i, ev.Event, ev.RunID, first.Task.RunID)
+				}
+				if ev.At.IsZero() {
+					t.Errorf("event %d %s: no time", i, ev.Event)
+				}
+				if i > 0 && ev.At.After(evs[i-1].At) {
+					t.Errorf("event %d %s at %v is after the newer %s at %v", i, ev.Event, ev.At, evs[i-1].Event, evs[i-1].At)
+				}
+				switch ev.Event {
+				case "started", "stage", "done":
+					if ev.Owner != rn.Owner() || ev.FencingToken != v.FencingToken {
+						t.Errorf("%s event: owner %q token %d, want %q and %d", ev.Event, ev.Owner, ev.FencingToken, rn.Owner(), v.FencingToken)
+					}
+				}
+				if ev.Error != "" {
+					t.Errorf("%s event: error %q", ev.Event, ev.Error)
+				}
+			}
+			// A limit pages from the newest.
+			if top, err := e.reg.History(context.Background(), subject, scope, 2); err != nil || len(top) != 2 || top[0].Event != "done" {
+				t.Errorf("History(limit 2) = %v, %v; want the 2 newest", clEventNames(top), err)
+			}
+		})
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/tasklease/tasklease/internal/redistest"
 )
 
 // testEnv is a registry (and optional runners) on one Redis.
@@ -38,7 +40,34 @@ func newEnv(t *testing.T, rdb redis.UniversalClient, cfg Config) *testEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if redistest.OnSharedCluster(rdb) {
+		// The shared cluster (redistest.WithSharedCluster) outlives the
+		// test: remove the test's keys when it ends (after the runners it
+		// starts from here on have stopped), so a rerun (-count) finds
+		// none.
+		t.Cleanup(func() { deletePrefix(t, rdb.(*redis.ClusterClient), reg.ks.Prefix()) })
+	}
 	return &testEnv{t: t, rdb: rdb, reg: reg}
+}
+
+// deletePrefix deletes every key of a registry's prefix on every master:
+// all of them live under the partitions' hash tags, "{<prefix>:p<N>}".
+// Best effort: a failure is only logged.
+func deletePrefix(t testing.TB, cc *redis.ClusterClient, prefix string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+		iter := node.Scan(ctx, 0, "{"+prefix+":p*", 1000).Iterator()
+		for iter.Next(ctx) {
+			if err := node.Unlink(ctx, iter.Val()).Err(); err != nil {
+				return err
+			}
+		}
+		return iter.Err()
+	})
+	if err != nil {
+		t.Logf("cleanup: deleting the keys of prefix %s: %v", prefix, err)
+	}
 }
 
 // startRunner runs a Runner until the test ends (or stop is called) and

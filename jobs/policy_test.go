@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -53,134 +54,140 @@ func polWaitRun(e *testEnv, subject, scope, notRunID string, d time.Duration, wa
 func TestPolicyQueueCoalescesIntoOneFollowUp(t *testing.T) {
 	t.Parallel()
 	const subject, scope, n = "u1", "course_sync", 20
-	m := redistest.StartMini(t)
-	h := newClHold(1)
-	c := &counter{}
-	e := newEnv(t, m.Client(t), Config{Prefix: "pq", Jobs: []Job{polTwoStages(scope, h, c)}})
-	e.startRunner(RunnerConfig{ID: "pod-q"})
+	for _, b := range redistest.Backends(t, redistest.WithSharedCluster) {
+		t.Run(b.Name, func(t *testing.T) {
+			h := newClHold(1)
+			c := &counter{}
+			e := newEnv(t, b.Client, Config{Prefix: "pq", Jobs: []Job{polTwoStages(scope, h, c)}})
+			e.startRunner(RunnerConfig{ID: "pod-q"})
 
-	first := clSubmit(t, e.reg, subject, scope, SourceManual, "")
-	clRecv(t, h.entered, 10*time.Second, "the first run to start")
+			first := clSubmit(t, e.reg, subject, scope, SourceManual, "")
+			clRecv(t, h.entered, 10*time.Second, "the first run to start")
 
-	barrier := make(chan struct{})
-	outs := make(chan SubmitResult, n)
-	errs := make(chan error, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		src := []Source{SourceSchedule, SourceForeground}[i%2]
-		wg.Go(func() {
-			<-barrier
-			r, err := e.reg.Submit(context.Background(), subject, scope, SubmitOptions{Source: src, Policy: PolicyQueue})
-			if err != nil {
-				errs <- err
-				return
+			barrier := make(chan struct{})
+			outs := make(chan SubmitResult, n)
+			errs := make(chan error, n)
+			var wg sync.WaitGroup
+			for i := range n {
+				src := []Source{SourceSchedule, SourceForeground}[i%2]
+				wg.Go(func() {
+					<-barrier
+					r, err := e.reg.Submit(context.Background(), subject, scope, SubmitOptions{Source: src, Policy: PolicyQueue})
+					if err != nil {
+						errs <- err
+						return
+					}
+					outs <- r
+				})
 			}
-			outs <- r
-		})
-	}
-	close(barrier)
-	wg.Wait()
-	close(outs)
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	for r := range outs {
-		if r.Outcome != OutcomeQueued || !r.Task.FollowUpQueued || r.Task.RunID != first.Task.RunID {
-			t.Errorf("queue request: outcome %s followUpQueued %v run %s; want queued, true, %s",
-				r.Outcome, r.Task.FollowUpQueued, r.Task.RunID, first.Task.RunID)
-		}
-	}
-	v, err := e.reg.Get(context.Background(), subject, scope)
-	if err != nil || v.Status != StatusRunning || !v.FollowUpQueued {
-		t.Fatalf("while queued: %+v %v; want running with followUpQueued", v, err)
-	}
-	evs := clHistory(t, e.reg, subject, scope)
-	if q := clRequests(evs, "requested"); q != n+1 {
-		t.Errorf("requested events stand for %d requests, want %d (one per request)", q, n+1)
-	}
-	// Coalesced: the started request, and one event per source of the
-	// queue requests.
-	if q := clCount(evs, "requested"); q != 3 {
-		t.Errorf("%d requested events for %d requests from 3 sources, want one per source", q, n+1)
-	}
+			close(barrier)
+			wg.Wait()
+			close(outs)
+			close(errs)
+			for err := range errs {
+				t.Fatal(err)
+			}
+			for r := range outs {
+				if r.Outcome != OutcomeQueued || !r.Task.FollowUpQueued || r.Task.RunID != first.Task.RunID {
+					t.Errorf("queue request: outcome %s followUpQueued %v run %s; want queued, true, %s",
+						r.Outcome, r.Task.FollowUpQueued, r.Task.RunID, first.Task.RunID)
+				}
+			}
+			v, err := e.reg.Get(context.Background(), subject, scope)
+			if err != nil || v.Status != StatusRunning || !v.FollowUpQueued {
+				t.Fatalf("while queued: %+v %v; want running with followUpQueued", v, err)
+			}
+			evs := clHistory(t, e.reg, subject, scope)
+			if q := clRequests(evs, "requested"); q != n+1 {
+				t.Errorf("requested events stand for %d requests, want %d (one per request)", q, n+1)
+			}
+			// Coalesced: the started request, and one event per source of the
+			// queue requests.
+			if q := clCount(evs, "requested"); q != 3 {
+				t.Errorf("%d requested events for %d requests from 3 sources, want one per source", q, n+1)
+			}
 
-	h.open()
-	final := polWaitRun(e, subject, scope, first.Task.RunID, 10*time.Second, StatusDone, StatusFailed, StatusCancelled)
-	if final.Status != StatusDone || final.FollowUpQueued {
-		t.Fatalf("follow-up: status %s followUpQueued %v, want done, false", final.Status, final.FollowUpQueued)
-	}
-	if !clSameSet(final.Sources, clSources(SourceSchedule, SourceForeground)) {
-		t.Errorf("follow-up sources %v, want the queue requesters' [schedule foreground]", final.Sources)
-	}
-	if h.calls() != 2 || c.get(subject+"/pushing") != 2 {
-		t.Errorf("pulling ran %d times, pushing %d; want 2 each (the run and ONE follow-up)", h.calls(), c.get(subject+"/pushing"))
-	}
-	h.mu.Lock()
-	follow := h.runs[len(h.runs)-1]
-	h.mu.Unlock()
-	if follow.RunID() != final.RunID || !clSameSet(follow.Sources(), clSources(SourceSchedule, SourceForeground)) {
-		t.Errorf("follow-up run handle: id %s sources %v; want %s with the requesters' sources", follow.RunID(), follow.Sources(), final.RunID)
-	}
-	if d := polStreamDepth(t, e.reg); d != 0 {
-		t.Errorf("%d requests left in the streams after the follow-up, want 0", d)
-	}
-	evs = clHistory(t, e.reg, subject, scope)
-	if clCount(evs, "done") != 2 || clCount(evs, "started") != 2 {
-		t.Errorf("history %v: want two started and two done", clEventNames(evs))
+			h.open()
+			final := polWaitRun(e, subject, scope, first.Task.RunID, 10*time.Second, StatusDone, StatusFailed, StatusCancelled)
+			if final.Status != StatusDone || final.FollowUpQueued {
+				t.Fatalf("follow-up: status %s followUpQueued %v, want done, false", final.Status, final.FollowUpQueued)
+			}
+			if !clSameSet(final.Sources, clSources(SourceSchedule, SourceForeground)) {
+				t.Errorf("follow-up sources %v, want the queue requesters' [schedule foreground]", final.Sources)
+			}
+			if h.calls() != 2 || c.get(subject+"/pushing") != 2 {
+				t.Errorf("pulling ran %d times, pushing %d; want 2 each (the run and ONE follow-up)", h.calls(), c.get(subject+"/pushing"))
+			}
+			h.mu.Lock()
+			follow := h.runs[len(h.runs)-1]
+			h.mu.Unlock()
+			if follow.RunID() != final.RunID || !clSameSet(follow.Sources(), clSources(SourceSchedule, SourceForeground)) {
+				t.Errorf("follow-up run handle: id %s sources %v; want %s with the requesters' sources", follow.RunID(), follow.Sources(), final.RunID)
+			}
+			if d := polStreamDepth(t, e.reg); d != 0 {
+				t.Errorf("%d requests left in the streams after the follow-up, want 0", d)
+			}
+			evs = clHistory(t, e.reg, subject, scope)
+			if clCount(evs, "done") != 2 || clCount(evs, "started") != 2 {
+				t.Errorf("history %v: want two started and two done", clEventNames(evs))
+			}
+		})
 	}
 }
 
 func TestPolicyReplaceRunning(t *testing.T) {
 	t.Parallel()
 	const subject, scope = "u1", "course_sync"
-	m := redistest.StartMini(t)
-	h := newClHold(1)
-	c := &counter{}
-	e := newEnv(t, m.Client(t), Config{Prefix: "prr", Jobs: []Job{polTwoStages(scope, h, c)}})
-	clStartRunner(e, RunnerConfig{ID: "pod-r"}, 1)
+	for _, b := range redistest.Backends(t, redistest.WithSharedCluster) {
+		t.Run(b.Name, func(t *testing.T) {
+			h := newClHold(1)
+			c := &counter{}
+			e := newEnv(t, b.Client, Config{Prefix: "prr", Jobs: []Job{polTwoStages(scope, h, c)}})
+			clStartRunner(e, RunnerConfig{ID: "pod-r"}, 1)
 
-	first := clSubmit(t, e.reg, subject, scope, SourceManual, "")
-	clRecv(t, h.entered, 10*time.Second, "the first run to start")
-	r := clSubmit(t, e.reg, subject, scope, SourceForeground, PolicyReplace)
-	if r.Outcome != OutcomeReplaced {
-		t.Fatalf("outcome %s, want replaced", r.Outcome)
-	}
-	final := polWaitRun(e, subject, scope, first.Task.RunID, 10*time.Second, StatusDone, StatusFailed, StatusCancelled)
-	if final.Status != StatusDone {
-		t.Fatalf("fresh run: status %s (%s), want done", final.Status, final.LastError)
-	}
-	if cause := h.cause(first.Task.RunID); !errors.Is(cause, ErrCancelled) {
-		t.Errorf("old run's stage context cause %v, want ErrCancelled", cause)
-	}
-	if !slices.Equal(final.Sources, clSources(SourceForeground)) {
-		t.Errorf("fresh run sources %v, want [foreground]", final.Sources)
-	}
-	if h.calls() != 2 || c.get(subject+"/pushing") != 1 {
-		t.Errorf("pulling ran %d times, pushing %d; want 2 and 1", h.calls(), c.get(subject+"/pushing"))
-	}
-	evs := clHistory(t, e.reg, subject, scope)
-	var cancelled, replaced bool
-	for _, ev := range evs {
-		if ev.Event == "cancelled" && ev.RunID == first.Task.RunID {
-			cancelled = true
-		}
-		if ev.Event == "done" && ev.RunID == first.Task.RunID {
-			t.Errorf("the replaced run was recorded done")
-		}
-		if ev.Outcome == "replaced" && ev.Source == "foreground" {
-			replaced = true
-		}
-	}
-	if !cancelled || !replaced {
-		t.Errorf("history %v: want the old run cancelled and the replace request recorded", clEventNames(evs))
+			first := clSubmit(t, e.reg, subject, scope, SourceManual, "")
+			clRecv(t, h.entered, 10*time.Second, "the first run to start")
+			r := clSubmit(t, e.reg, subject, scope, SourceForeground, PolicyReplace)
+			if r.Outcome != OutcomeReplaced {
+				t.Fatalf("outcome %s, want replaced", r.Outcome)
+			}
+			final := polWaitRun(e, subject, scope, first.Task.RunID, 10*time.Second, StatusDone, StatusFailed, StatusCancelled)
+			if final.Status != StatusDone {
+				t.Fatalf("fresh run: status %s (%s), want done", final.Status, final.LastError)
+			}
+			if cause := h.cause(first.Task.RunID); !errors.Is(cause, ErrCancelled) {
+				t.Errorf("old run's stage context cause %v, want ErrCancelled", cause)
+			}
+			if !slices.Equal(final.Sources, clSources(SourceForeground)) {
+				t.Errorf("fresh run sources %v, want [foreground]", final.Sources)
+			}
+			if h.calls() != 2 || c.get(subject+"/pushing") != 1 {
+				t.Errorf("pulling ran %d times, pushing %d; want 2 and 1", h.calls(), c.get(subject+"/pushing"))
+			}
+			evs := clHistory(t, e.reg, subject, scope)
+			var cancelled, replaced bool
+			for _, ev := range evs {
+				if ev.Event == "cancelled" && ev.RunID == first.Task.RunID {
+					cancelled = true
+				}
+				if ev.Event == "done" && ev.RunID == first.Task.RunID {
+					t.Errorf("the replaced run was recorded done")
+				}
+				if ev.Outcome == "replaced" && ev.Source == "foreground" {
+					replaced = true
+				}
+			}
+			if !cancelled || !replaced {
+				t.Errorf("history %v: want the old run cancelled and the replace request recorded", clEventNames(evs))
+			}
+		})
 	}
 }
 
 func TestPolicyReplaceQueued(t *testing.T) {
 	t.Parallel()
 	const subject, scope = "u1", "course_sync"
-	for _, b := range redistest.Backends(t, redistest.WithCluster) {
+	for _, b := range redistest.Backends(t, redistest.WithSharedCluster) {
 		t.Run(b.Name, func(t *testing.T) {
 			c := &counter{}
 			e := newEnv(t, b.Client, Config{Prefix: "prq", Jobs: []Job{polTwoStages(scope, c, c)}})
@@ -215,7 +222,7 @@ func TestPolicyReplaceQueued(t *testing.T) {
 func TestPolicySkip(t *testing.T) {
 	t.Parallel()
 	const subject, scope = "u1", "course_sync"
-	for _, b := range redistest.Backends(t, redistest.WithCluster) {
+	for _, b := range redistest.Backends(t, redistest.WithSharedCluster) {
 		t.Run(b.Name, func(t *testing.T) {
 			c := &counter{}
 			e := newEnv(t, b.Client, Config{Prefix: "ps", Jobs: []Job{polTwoStages(scope, c, c)}})
@@ -247,50 +254,61 @@ func TestPolicySkip(t *testing.T) {
 func TestPolicyThrottledWithinMinInterval(t *testing.T) {
 	t.Parallel()
 	const subject, scope = "u1", "course_sync"
-	m := redistest.StartMini(t)
-	c := &counter{}
-	job := polTwoStages(scope, c, c)
-	job.MinInterval = time.Hour
-	e := newEnv(t, m.Client(t), Config{Prefix: "pt", Jobs: []Job{job}})
-	e.startRunner(RunnerConfig{ID: "pod-t"})
+	for _, b := range redistest.Backends(t, redistest.WithSharedCluster) {
+		t.Run(b.Name, func(t *testing.T) {
+			// Steps of Redis time: miniredis's clock jumps an hour at once;
+			// real Redis time only passes by waiting, so there the interval
+			// is seconds, with a margin either side of its end for a loaded
+			// machine.
+			interval, early, late := time.Hour, 59*time.Minute, 2*time.Minute
+			if b.Real {
+				interval, early, late = 2*time.Second, time.Second, 1200*time.Millisecond
+			}
+			c := &counter{}
+			job := polTwoStages(scope, c, c)
+			job.MinInterval = interval
+			e := newEnv(t, b.Client, Config{Prefix: "pt", Jobs: []Job{job}})
+			e.startRunner(RunnerConfig{ID: "pod-t"})
 
-	first := clSubmit(t, e.reg, subject, scope, SourceSchedule, "")
-	if first.Outcome != OutcomeStarted {
-		t.Fatalf("first request: %s, want started (no success yet)", first.Outcome)
-	}
-	e.waitStatus(subject, scope, 10*time.Second, StatusDone)
-	for _, src := range []Source{SourceSchedule, SourceForeground} {
-		r := clSubmit(t, e.reg, subject, scope, src, "")
-		if r.Outcome != OutcomeThrottled || r.Task.RunID != first.Task.RunID || r.Task.Status != StatusDone {
-			t.Errorf("%s right after a success: outcome %s run %s status %s; want throttled, the done run", src, r.Outcome, r.Task.RunID, r.Task.Status)
-		}
-	}
-	evs := clHistory(t, e.reg, subject, scope)
-	if len(evs) < 2 || evs[0].Event != "throttled" || evs[0].Source != "foreground" ||
-		evs[1].Event != "throttled" || evs[1].Source != "schedule" || evs[0].Outcome != "throttled" {
-		t.Errorf("history %v: want throttled(foreground), throttled(schedule) on top", clEventNames(evs))
-	}
+			first := clSubmit(t, e.reg, subject, scope, SourceSchedule, "")
+			if first.Outcome != OutcomeStarted {
+				t.Fatalf("first request: %s, want started (no success yet)", first.Outcome)
+			}
+			e.waitStatus(subject, scope, 10*time.Second, StatusDone)
+			for _, src := range []Source{SourceSchedule, SourceForeground} {
+				r := clSubmit(t, e.reg, subject, scope, src, "")
+				if r.Outcome != OutcomeThrottled || r.Task.RunID != first.Task.RunID || r.Task.Status != StatusDone {
+					t.Errorf("%s right after a success: outcome %s run %s status %s; want throttled, the done run", src, r.Outcome, r.Task.RunID, r.Task.Status)
+				}
+			}
+			evs := clHistory(t, e.reg, subject, scope)
+			if len(evs) < 2 || evs[0].Event != "throttled" || evs[0].Source != "foreground" ||
+				evs[1].Event != "throttled" || evs[1].Source != "schedule" || evs[0].Outcome != "throttled" {
+				t.Errorf("history %v: want throttled(foreground), throttled(schedule) on top", clEventNames(evs))
+			}
 
-	manual := clSubmit(t, e.reg, subject, scope, SourceManual, "")
-	if manual.Outcome != OutcomeStarted {
-		t.Fatalf("manual: outcome %s, want started (manual is never throttled)", manual.Outcome)
-	}
-	polWaitRun(e, subject, scope, first.Task.RunID, 10*time.Second, StatusDone)
-	if n := c.get(subject + "/pulling"); n != 2 {
-		t.Errorf("pulling ran %d times, want 2", n)
-	}
+			manual := clSubmit(t, e.reg, subject, scope, SourceManual, "")
+			if manual.Outcome != OutcomeStarted {
+				t.Fatalf("manual: outcome %s, want started (manual is never throttled)", manual.Outcome)
+			}
+			polWaitRun(e, subject, scope, first.Task.RunID, 10*time.Second, StatusDone)
+			if n := c.get(subject + "/pulling"); n != 2 {
+				t.Errorf("pulling ran %d times, want 2", n)
+			}
 
-	// The interval counts from the last success, in Redis time.
-	m.Advance(59 * time.Minute)
-	if r := clSubmit(t, e.reg, subject, scope, SourceSchedule, ""); r.Outcome != OutcomeThrottled {
-		t.Errorf("schedule 59m after the manual success: %s, want throttled", r.Outcome)
+			// The interval counts from the last success, in Redis time.
+			b.Advance(early)
+			if r := clSubmit(t, e.reg, subject, scope, SourceSchedule, ""); r.Outcome != OutcomeThrottled {
+				t.Errorf("schedule %s after the manual success (interval %s): %s, want throttled", early, interval, r.Outcome)
+			}
+			b.Advance(late)
+			r := clSubmit(t, e.reg, subject, scope, SourceForeground, "")
+			if r.Outcome != OutcomeStarted {
+				t.Fatalf("foreground %s after the last success (interval %s): %s, want started", early+late, interval, r.Outcome)
+			}
+			polWaitRun(e, subject, scope, manual.Task.RunID, 10*time.Second, StatusDone)
+		})
 	}
-	m.Advance(2 * time.Minute)
-	r := clSubmit(t, e.reg, subject, scope, SourceForeground, "")
-	if r.Outcome != OutcomeStarted {
-		t.Fatalf("foreground 61m after the last success: %s, want started", r.Outcome)
-	}
-	polWaitRun(e, subject, scope, manual.Task.RunID, 10*time.Second, StatusDone)
 }
 
 func TestPolicyDefaultsAndOverride(t *testing.T) {
@@ -298,7 +316,7 @@ func TestPolicyDefaultsAndOverride(t *testing.T) {
 	c := &counter{}
 	skipJob := polTwoStages("backup", c, c)
 	skipJob.OnConflict = PolicySkip
-	for _, b := range redistest.Backends(t, redistest.WithCluster) {
+	for _, b := range redistest.Backends(t, redistest.WithSharedCluster) {
 		t.Run(b.Name, func(t *testing.T) {
 			e := newEnv(t, b.Client, Config{Prefix: "pd", Jobs: []Job{polTwoStages("course_sync", c, c), skipJob}})
 			if j, ok := e.reg.Job("course_sync"); !ok || j.OnConflict != PolicyJoin {
@@ -333,7 +351,7 @@ func TestPolicyDefaultsAndOverride(t *testing.T) {
 func TestPolicyCancelQueued(t *testing.T) {
 	t.Parallel()
 	const subject, scope = "u1", "course_sync"
-	for _, b := range redistest.Backends(t, redistest.WithCluster) {
+	for _, b := range redistest.Backends(t, redistest.WithSharedCluster) {
 		t.Run(b.Name, func(t *testing.T) {
 			c := &counter{}
 			e := newEnv(t, b.Client, Config{Prefix: "pcq", Jobs: []Job{polTwoStages(scope, c, c)}})
@@ -373,161 +391,173 @@ func TestPolicyCancelQueued(t *testing.T) {
 func TestPolicyCancelRunning(t *testing.T) {
 	t.Parallel()
 	const subject, scope = "u1", "course_sync"
-	m := redistest.StartMini(t)
-	h := newClHold(1)
-	c := &counter{}
-	e := newEnv(t, m.Client(t), Config{Prefix: "pcr", Jobs: []Job{polTwoStages(scope, h, c)}})
-	rn := clStartRunner(e, RunnerConfig{ID: "pod-cr"}, 1)
-	first := clSubmit(t, e.reg, subject, scope, SourceManual, "")
-	clRecv(t, h.entered, 10*time.Second, "the run to start")
+	for _, b := range redistest.Backends(t, redistest.WithSharedCluster) {
+		t.Run(b.Name, func(t *testing.T) {
+			h := newClHold(1)
+			c := &counter{}
+			e := newEnv(t, b.Client, Config{Prefix: "pcr", Jobs: []Job{polTwoStages(scope, h, c)}})
+			rn := clStartRunner(e, RunnerConfig{ID: "pod-cr"}, 1)
+			first := clSubmit(t, e.reg, subject, scope, SourceManual, "")
+			clRecv(t, h.entered, 10*time.Second, "the run to start")
 
-	o, err := e.reg.Cancel(context.Background(), subject, scope)
-	if err != nil || o != CancelCancelling {
-		t.Fatalf("Cancel of a running run: %s %v, want cancelling", o, err)
-	}
-	v := e.waitStatus(subject, scope, 10*time.Second, StatusCancelled, StatusDone, StatusFailed)
-	if v.Status != StatusCancelled || v.RunID != first.Task.RunID || v.CanCancel {
-		t.Errorf("after cancel: status %s run %s canCancel %v; want cancelled, %s, false", v.Status, v.RunID, v.CanCancel, first.Task.RunID)
-	}
-	if cause := h.cause(first.Task.RunID); !errors.Is(cause, ErrCancelled) {
-		t.Errorf("stage context cause %v, want ErrCancelled", cause)
-	}
-	if n := c.get(subject + "/pushing"); n != 0 {
-		t.Errorf("pushing ran %d times after cancel, want 0", n)
-	}
-	evs := clHistory(t, e.reg, subject, scope)
-	if len(evs) == 0 || evs[0].Event != "cancelled" || evs[0].RunID != first.Task.RunID || evs[0].Owner != rn.Owner() || evs[0].FencingToken <= 0 {
-		t.Errorf("history %v (top %+v): want cancelled by %s, with its token", clEventNames(evs), evs[0], rn.Owner())
-	}
-	if o, err := e.reg.Cancel(context.Background(), subject, scope); err != nil || o != CancelNotRunning {
-		t.Errorf("Cancel after cancelled: %s %v, want not_running", o, err)
+			o, err := e.reg.Cancel(context.Background(), subject, scope)
+			if err != nil || o != CancelCancelling {
+				t.Fatalf("Cancel of a running run: %s %v, want cancelling", o, err)
+			}
+			v := e.waitStatus(subject, scope, 10*time.Second, StatusCancelled, StatusDone, StatusFailed)
+			if v.Status != StatusCancelled || v.RunID != first.Task.RunID || v.CanCancel {
+				t.Errorf("after cancel: status %s run %s canCancel %v; want cancelled, %s, false", v.Status, v.RunID, v.CanCancel, first.Task.RunID)
+			}
+			if cause := h.cause(first.Task.RunID); !errors.Is(cause, ErrCancelled) {
+				t.Errorf("stage context cause %v, want ErrCancelled", cause)
+			}
+			if n := c.get(subject + "/pushing"); n != 0 {
+				t.Errorf("pushing ran %d times after cancel, want 0", n)
+			}
+			evs := clHistory(t, e.reg, subject, scope)
+			if len(evs) == 0 || evs[0].Event != "cancelled" || evs[0].RunID != first.Task.RunID || evs[0].Owner != rn.Owner() || evs[0].FencingToken <= 0 {
+				t.Errorf("history %v (top %+v): want cancelled by %s, with its token", clEventNames(evs), evs[0], rn.Owner())
+			}
+			if o, err := e.reg.Cancel(context.Background(), subject, scope); err != nil || o != CancelNotRunning {
+				t.Errorf("Cancel after cancelled: %s %v, want not_running", o, err)
+			}
+		})
 	}
 }
 
 func TestPolicyCancelNotRunning(t *testing.T) {
 	t.Parallel()
 	const scope = "course_sync"
-	m := redistest.StartMini(t)
-	c := &counter{}
-	e := newEnv(t, m.Client(t), Config{Prefix: "pcn", Jobs: []Job{polTwoStages(scope, c, c)}})
-	if o, err := e.reg.Cancel(context.Background(), "never", scope); err != nil || o != CancelNotRunning {
-		t.Errorf("Cancel of a key that never ran: %s %v, want not_running", o, err)
-	}
-	if _, err := e.reg.Get(context.Background(), "never", scope); !errors.Is(err, ErrNotFound) {
-		t.Errorf("Cancel created a record for an idle key: Get = %v, want ErrNotFound", err)
-	}
-	e.startRunner(RunnerConfig{ID: "pod-cn"})
-	clSubmit(t, e.reg, "u1", scope, SourceManual, "")
-	before := e.waitStatus("u1", scope, 10*time.Second, StatusDone)
-	if o, err := e.reg.Cancel(context.Background(), "u1", scope); err != nil || o != CancelNotRunning {
-		t.Errorf("Cancel of a done run: %s %v, want not_running", o, err)
-	}
-	if after := clRaw(t, e.reg, "u1", scope); after["status"] != string(StatusDone) || after["runId"] != before.RunID {
-		t.Errorf("Cancel changed a done record: %v", after)
+	for _, b := range redistest.Backends(t, redistest.WithSharedCluster) {
+		t.Run(b.Name, func(t *testing.T) {
+			c := &counter{}
+			e := newEnv(t, b.Client, Config{Prefix: "pcn", Jobs: []Job{polTwoStages(scope, c, c)}})
+			if o, err := e.reg.Cancel(context.Background(), "never", scope); err != nil || o != CancelNotRunning {
+				t.Errorf("Cancel of a key that never ran: %s %v, want not_running", o, err)
+			}
+			if _, err := e.reg.Get(context.Background(), "never", scope); !errors.Is(err, ErrNotFound) {
+				t.Errorf("Cancel created a record for an idle key: Get = %v, want ErrNotFound", err)
+			}
+			e.startRunner(RunnerConfig{ID: "pod-cn"})
+			clSubmit(t, e.reg, "u1", scope, SourceManual, "")
+			before := e.waitStatus("u1", scope, 10*time.Second, StatusDone)
+			if o, err := e.reg.Cancel(context.Background(), "u1", scope); err != nil || o != CancelNotRunning {
+				t.Errorf("Cancel of a done run: %s %v, want not_running", o, err)
+			}
+			if after := clRaw(t, e.reg, "u1", scope); after["status"] != string(StatusDone) || after["runId"] != before.RunID {
+				t.Errorf("Cancel changed a done record: %v", after)
+			}
+		})
 	}
 }
 
 func TestPolicyCancelDropsQueuedFollowUp(t *testing.T) {
 	t.Parallel()
 	const subject, scope = "u1", "course_sync"
-	m := redistest.StartMini(t)
-	h := newClHold(1)
-	c := &counter{}
-	e := newEnv(t, m.Client(t), Config{Prefix: "pcf", Jobs: []Job{polTwoStages(scope, h, c)}})
-	clStartRunner(e, RunnerConfig{ID: "pod-cf"}, 1)
-	first := clSubmit(t, e.reg, subject, scope, SourceManual, "")
-	clRecv(t, h.entered, 10*time.Second, "the run to start")
-	if r := clSubmit(t, e.reg, subject, scope, SourceSchedule, PolicyQueue); r.Outcome != OutcomeQueued || !r.Task.FollowUpQueued {
-		t.Fatalf("queue: %s followUpQueued %v, want queued, true", r.Outcome, r.Task.FollowUpQueued)
-	}
-	if o, err := e.reg.Cancel(context.Background(), subject, scope); err != nil || o != CancelCancelling {
-		t.Fatalf("Cancel: %s %v, want cancelling", o, err)
-	}
-	if v, _ := e.reg.Get(context.Background(), subject, scope); v.FollowUpQueued {
-		t.Errorf("followUpQueued still set after Cancel")
-	}
-	v := e.waitStatus(subject, scope, 10*time.Second, StatusCancelled, StatusDone, StatusFailed, StatusQueued)
-	if v.Status != StatusCancelled || v.RunID != first.Task.RunID || v.FollowUpQueued {
-		t.Fatalf("after cancel: status %s run %s followUp %v; want cancelled %s and no follow-up", v.Status, v.RunID, v.FollowUpQueued, first.Task.RunID)
-	}
-	if h.calls() != 1 {
-		t.Errorf("pulling ran %d times, want 1 (no follow-up)", h.calls())
-	}
-	if d := polStreamDepth(t, e.reg); d != 0 {
-		t.Errorf("%d requests in the streams, want 0", d)
+	for _, b := range redistest.Backends(t, redistest.WithSharedCluster) {
+		t.Run(b.Name, func(t *testing.T) {
+			h := newClHold(1)
+			c := &counter{}
+			e := newEnv(t, b.Client, Config{Prefix: "pcf", Jobs: []Job{polTwoStages(scope, h, c)}})
+			clStartRunner(e, RunnerConfig{ID: "pod-cf"}, 1)
+			first := clSubmit(t, e.reg, subject, scope, SourceManual, "")
+			clRecv(t, h.entered, 10*time.Second, "the run to start")
+			if r := clSubmit(t, e.reg, subject, scope, SourceSchedule, PolicyQueue); r.Outcome != OutcomeQueued || !r.Task.FollowUpQueued {
+				t.Fatalf("queue: %s followUpQueued %v, want queued, true", r.Outcome, r.Task.FollowUpQueued)
+			}
+			if o, err := e.reg.Cancel(context.Background(), subject, scope); err != nil || o != CancelCancelling {
+				t.Fatalf("Cancel: %s %v, want cancelling", o, err)
+			}
+			if v, _ := e.reg.Get(context.Background(), subject, scope); v.FollowUpQueued {
+				t.Errorf("followUpQueued still set after Cancel")
+			}
+			v := e.waitStatus(subject, scope, 10*time.Second, StatusCancelled, StatusDone, StatusFailed, StatusQueued)
+			if v.Status != StatusCancelled || v.RunID != first.Task.RunID || v.FollowUpQueued {
+				t.Fatalf("after cancel: status %s run %s followUp %v; want cancelled %s and no follow-up", v.Status, v.RunID, v.FollowUpQueued, first.Task.RunID)
+			}
+			if h.calls() != 1 {
+				t.Errorf("pulling ran %d times, want 1 (no follow-up)", h.calls())
+			}
+			if d := polStreamDepth(t, e.reg); d != 0 {
+				t.Errorf("%d requests in the streams, want 0", d)
+			}
+		})
 	}
 }
 
 func TestPolicySubscribeStatusSequence(t *testing.T) {
 	t.Parallel()
 	const subject, scope = "u1", "course_sync"
-	m := redistest.StartMini(t)
-	h := newClHold(1)
-	c := &counter{}
-	e := newEnv(t, m.Client(t), Config{Prefix: "psub", Jobs: []Job{polTwoStages(scope, h, c)}})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	ch, err := e.reg.Subscribe(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Another key's changes arrive on the same feed and must not confuse it.
-	clSubmit(t, e.reg, "other", scope, SourceManual, "")
-	first := clSubmit(t, e.reg, subject, scope, SourceManual, "")
-	e.startRunner(RunnerConfig{ID: "pod-sub"})
+	for _, b := range redistest.Backends(t, redistest.WithSharedCluster) {
+		t.Run(b.Name, func(t *testing.T) {
+			h := newClHold(1)
+			c := &counter{}
+			e := newEnv(t, b.Client, Config{Prefix: "psub", Jobs: []Job{polTwoStages(scope, h, c)}})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			ch, err := e.reg.Subscribe(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Another key's changes arrive on the same feed and must not confuse it.
+			clSubmit(t, e.reg, "other", scope, SourceManual, "")
+			first := clSubmit(t, e.reg, subject, scope, SourceManual, "")
+			e.startRunner(RunnerConfig{ID: "pod-sub"})
 
-	var seq []Status
-	released := false
-	deadline := time.After(10 * time.Second)
-	for len(seq) == 0 || seq[len(seq)-1] != StatusDone {
-		select {
-		case v, ok := <-ch:
-			if !ok {
-				t.Fatalf("feed closed; statuses so far %v", seq)
-			}
-			if v.Key != subject+"|"+scope {
-				continue
-			}
-			if v.RunID != first.Task.RunID {
-				t.Errorf("view of run %s, want %s", v.RunID, first.Task.RunID)
-			}
-			seq = append(seq, v.Status)
-			if v.Status == StatusRunning && v.Stage == "pulling" && !released {
-				// The claim itself was published: release the stage.
-				if v.Owner == "" || v.StartedAt == nil || v.FencingToken <= 0 {
-					t.Errorf("running view: owner %q startedAt %v token %d", v.Owner, v.StartedAt, v.FencingToken)
+			var seq []Status
+			released := false
+			deadline := time.After(10 * time.Second)
+			for len(seq) == 0 || seq[len(seq)-1] != StatusDone {
+				select {
+				case v, ok := <-ch:
+					if !ok {
+						t.Fatalf("feed closed; statuses so far %v", seq)
+					}
+					if v.Key != subject+"|"+scope {
+						continue
+					}
+					if v.RunID != first.Task.RunID {
+						t.Errorf("view of run %s, want %s", v.RunID, first.Task.RunID)
+					}
+					seq = append(seq, v.Status)
+					if v.Status == StatusRunning && v.Stage == "pulling" && !released {
+						// The claim itself was published: release the stage.
+						if v.Owner == "" || v.StartedAt == nil || v.FencingToken <= 0 {
+							t.Errorf("running view: owner %q startedAt %v token %d", v.Owner, v.StartedAt, v.FencingToken)
+						}
+						released = true
+						h.open()
+					}
+				case <-deadline:
+					t.Fatalf("no done view within 10s; statuses %v", seq)
 				}
-				released = true
-				h.open()
 			}
-		case <-deadline:
-			t.Fatalf("no done view within 10s; statuses %v", seq)
-		}
+			want := []Status{StatusQueued, StatusRunning, StatusDone}
+			i := 0
+			for _, s := range seq {
+				if i < len(want) && s == want[i] {
+					i++
+				}
+			}
+			if i != len(want) {
+				t.Errorf("statuses %v do not contain %v in order", seq, want)
+			}
+			cancel()
+			waitFor(t, 10*time.Second, "the feed to close after its context ends", func() bool {
+				select {
+				case _, ok := <-ch:
+					return !ok
+				default:
+					return false
+				}
+			})
+		})
 	}
-	want := []Status{StatusQueued, StatusRunning, StatusDone}
-	i := 0
-	for _, s := range seq {
-		if i < len(want) && s == want[i] {
-			i++
-		}
-	}
-	if i != len(want) {
-		t.Errorf("statuses %v do not contain %v in order", seq, want)
-	}
-	cancel()
-	waitFor(t, 10*time.Second, "the feed to close after its context ends", func() bool {
-		select {
-		case _, ok := <-ch:
-			return !ok
-		default:
-			return false
-		}
-	})
 }
 
 func TestPolicyListFiltersAndSubjects(t *testing.T) {
 	t.Parallel()
-	for _, b := range redistest.Backends(t, redistest.WithCluster) {
+	for _, b := range redistest.Backends(t, redistest.WithSharedCluster) {
 		t.Run(b.Name, func(t *testing.T) {
 			c := &counter{}
 			e := newEnv(t, b.Client, Config{Prefix: "pl", Jobs: []Job{polTwoStages("course_sync", c, c), polTwoStages("backup", c, c)}})
@@ -610,7 +640,21 @@ func TestPolicyListFiltersAndSubjects(t *testing.T) {
 // polSlowPubSubDial delays the dial of pub/sub connections only (found by
 // their caller, go-redis's PubSub), as a loaded machine or a slow network
 // may: the runner's cancel subscription then lags behind its first runs.
-type polSlowPubSubDial struct{ delay time.Duration }
+// delayed counts the dials it delayed.
+type polSlowPubSubDial struct {
+	delay   time.Duration
+	delayed *atomic.Int32
+}
+
+// polAddDialHook adds h to every connection rdb dials: a ClusterClient
+// dials through a client per node, so there h goes on each node's client.
+func polAddDialHook(rdb redis.UniversalClient, h redis.Hook) {
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		cc.OnNewNode(func(node *redis.Client) { node.AddHook(h) })
+		return
+	}
+	rdb.AddHook(h)
+}
 
 func (h polSlowPubSubDial) DialHook(next redis.DialHook) redis.DialHook {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -619,6 +663,7 @@ func (h polSlowPubSubDial) DialHook(next redis.DialHook) redis.DialHook {
 		for {
 			f, more := frames.Next()
 			if strings.Contains(f.Function, "(*PubSub)") {
+				h.delayed.Add(1)
 				time.Sleep(h.delay)
 				break
 			}
@@ -642,21 +687,28 @@ func (polSlowPubSubDial) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 func TestPolicyCancelRightAfterRunnerStart(t *testing.T) {
 	t.Parallel()
 	const subject, scope = "u1", "course_sync"
-	m := redistest.StartMini(t)
-	client := m.Client(t)
-	client.AddHook(polSlowPubSubDial{delay: 500 * time.Millisecond})
-	h := newClHold(1)
-	c := &counter{}
-	e := newEnv(t, client, Config{Prefix: "pcs", Jobs: []Job{polTwoStages(scope, h, c)}})
-	e.startRunner(RunnerConfig{ID: "pod-cs"}) // LeaseTTL 15s: heartbeat every 5s
-	clSubmit(t, e.reg, subject, scope, SourceManual, "")
-	clRecv(t, h.entered, 10*time.Second, "the run to start")
-	start := time.Now()
-	if o, err := e.reg.Cancel(context.Background(), subject, scope); err != nil || o != CancelCancelling {
-		t.Fatalf("Cancel: %s %v, want cancelling", o, err)
-	}
-	e.waitStatus(subject, scope, 10*time.Second, StatusCancelled)
-	if d := time.Since(start); d > 2*time.Second {
-		t.Errorf("the run stopped %s after Cancel: the publish was missed and only the heartbeat delivered it", d.Round(time.Millisecond))
+	for _, b := range redistest.Backends(t, redistest.WithSharedCluster) {
+		t.Run(b.Name, func(t *testing.T) {
+			client := b.Client
+			slow := polSlowPubSubDial{delay: 500 * time.Millisecond, delayed: &atomic.Int32{}}
+			polAddDialHook(client, slow)
+			h := newClHold(1)
+			c := &counter{}
+			e := newEnv(t, client, Config{Prefix: "pcs", Jobs: []Job{polTwoStages(scope, h, c)}})
+			e.startRunner(RunnerConfig{ID: "pod-cs"}) // LeaseTTL 15s: heartbeat every 5s
+			clSubmit(t, e.reg, subject, scope, SourceManual, "")
+			clRecv(t, h.entered, 10*time.Second, "the run to start")
+			start := time.Now()
+			if o, err := e.reg.Cancel(context.Background(), subject, scope); err != nil || o != CancelCancelling {
+				t.Fatalf("Cancel: %s %v, want cancelling", o, err)
+			}
+			e.waitStatus(subject, scope, 10*time.Second, StatusCancelled)
+			if d := time.Since(start); d > 2*time.Second {
+				t.Errorf("the run stopped %s after Cancel: the publish was missed and only the heartbeat delivered it", d.Round(time.Millisecond))
+			}
+			if slow.delayed.Load() == 0 {
+				t.Errorf("no pub/sub dial was delayed: the hook missed this client's connections, so the lag was not tested")
+			}
+		})
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"os"
 	"syscall"
 	"testing"
+
+	"github.com/tasklease/tasklease/internal/redistest"
 )
 
 // TestMain lets this test binary host the exec supervisor exactly as
@@ -17,5 +19,7 @@ func TestMain(m *testing.M) {
 		// every successful supervised command.
 		syscall.Exit(SuperviseMain(os.Args[2:]))
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	redistest.StopShared() // the package's shared cluster (redistest.WithSharedCluster)
+	os.Exit(code)
 }

@@ -66,7 +66,6 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	runners := fs.Int("runners", chaos.RunnersDefault, "runner processes at once")
 	keys := fs.Int("keys", 200, "subjects of the bulk job (keys/2 runs live per partition per cron occurrence)")
 	topo := fs.String("topology", chaos.TopologyDefault, `Redis deployment under test: single (AOF everysec), sentinel (a primary, two replicas, three Sentinels) or cluster (3 masters + 3 replicas)`)
-	pauseSentinel := fs.Bool("pause-sentinel", false, "also CLIENT PAUSE the primary on the sentinel topology (left out by default: see internal/chaos/topology.go)")
 	seed := fs.Int64("seed", 0, "seed of the random choices (0: from the clock); the report says which to replay")
 	asJSON := fs.Bool("json", false, "print the report as one JSON object")
 	runnerBin := fs.String("runner-bin", "", "a built runner binary to test (default: go build "+runnerPkg+")")
@@ -126,7 +125,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	t.Logf("seed %d, chaos for %v with %d runners and %d bulk keys on %s Redis", *seed, *dur, *runners, *keys, *topo)
 	rep, err := chaos.Run(t, chaos.Options{
 		Duration: *dur, Runners: *runners, Keys: *keys, Seed: *seed,
-		RunnerBin: bin, Topology: *topo, PauseOnSentinel: *pauseSentinel, KeepLogs: *keepLogs,
+		RunnerBin: bin, Topology: *topo, KeepLogs: *keepLogs,
 	})
 	t.runCleanups()
 	if err != nil {

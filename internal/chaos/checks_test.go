@@ -119,3 +119,40 @@ func TestCheckerExactlyOncePerOccurrence(t *testing.T) {
 		})
 	}
 }
+
+// A run that was active before the window coalesces its older requests
+// with the first one inside it. The checker must not count the older ones
+// into the window's buckets: that pushed the next occurrence's requests
+// into a later bucket, which then looked doubled (seen on Sentinel after a
+// failover, when a CLIENT PAUSE bunched occurrences together).
+func TestCheckerExactlyOnceWithRequestsFromBeforeTheWindow(t *testing.T) {
+	// Occurrences 1 and 2 share a bucket (1 finished after 2 was claimed),
+	// occurrence 3 has its own.
+	states := map[int64]occState{
+		1: {occ: 1, startedAt: 1000, finishedAt: 2100, done: true},
+		2: {occ: 2, startedAt: 2000, finishedAt: 2500, done: true},
+		3: {occ: 3, startedAt: 3000, finishedAt: 3500, done: true},
+	}
+	for _, tc := range []struct {
+		name  string
+		sched []schedReq
+		want  int
+	}{
+		// 500 and 800 are before the window; 1100 is occurrence 1's; 2900
+		// and 3100 are occurrence 2's and 3's, coalesced.
+		{"older requests coalesced into the first", []schedReq{{at: 500, last: 1100, count: 3, event: "joined"},
+			{at: 2900, last: 3100, count: 2, event: "joined"}}, 0},
+		{"occurrence 3 twice", []schedReq{{at: 500, last: 1100, count: 3, event: "joined"},
+			{at: 2900, last: 3100, count: 3, event: "joined"}}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := checkerHarness(t, "u1")
+			ep := &epoch{start: 0, end: 5000, fired: []int64{1, 2, 3}, states: states,
+				keys: map[string]*keyData{taskkey.MustNew("u1", bulkScope).String(): {sched: tc.sched, events: len(tc.sched), first: 1}}}
+			h.checkOnce(0, ep)
+			if got := h.viol.of(checkOnce); len(got) != tc.want {
+				t.Fatalf("%d violations, want %d: %v", len(got), tc.want, got)
+			}
+		})
+	}
+}

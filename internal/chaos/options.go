@@ -68,10 +68,6 @@ type Options struct {
 	// faults of each). Default TopologyDefault.
 	Topology string
 
-	// PauseOnSentinel adds CLIENT PAUSE to the Sentinel topology's faults,
-	// which leaves it out by default (see sentinel.pausable).
-	PauseOnSentinel bool
-
 	// Logf receives progress lines: the faults as they happen, the epochs
 	// as they are checked. Default: t.Logf.
 	Logf func(format string, args ...any)

@@ -33,8 +33,6 @@ type topology interface {
 	// returns; down is how long a restarted server stays down. It returns
 	// how long Redis took to serve again after the fault began.
 	dataFault(t redistest.T, kind string, rng *rand.Rand, down time.Duration) time.Duration
-	// pausable reports whether the schedule includes CLIENT PAUSE.
-	pausable() bool
 	// pause runs CLIENT PAUSE for d on the node that takes the writes (one
 	// picked by rng on Cluster).
 	pause(t redistest.T, ctx context.Context, rng *rand.Rand, d time.Duration) error
@@ -48,9 +46,7 @@ func newTopology(t redistest.T, opts Options) (topology, error) {
 	case TopologySingle:
 		return startSingle(t), nil
 	case TopologySentinel:
-		s := startSentinel(t)
-		s.withPause = opts.PauseOnSentinel
-		return s, nil
+		return startSentinel(t), nil
 	case TopologyCluster:
 		return startCluster(t), nil
 	default:
@@ -98,17 +94,14 @@ func (s *single) dataFault(t redistest.T, kind string, _ *rand.Rand, down time.D
 	return time.Since(start)
 }
 
-func (s *single) pausable() bool { return true }
-
 func (s *single) pause(_ redistest.T, ctx context.Context, _ *rand.Rand, d time.Duration) error {
 	return pauseWrites(ctx, s.rdb, d)
 }
 
 // sentinel is a primary, two replicas and three Sentinels.
 type sentinel struct {
-	st        *redistest.Sentinels
-	rdb       *redis.Client
-	withPause bool
+	st  *redistest.Sentinels
+	rdb *redis.Client
 }
 
 func startSentinel(t redistest.T) *sentinel {
@@ -132,13 +125,6 @@ func (s *sentinel) dataFault(t redistest.T, _ string, _ *rand.Rand, _ time.Durat
 	_, took := s.st.FailOver(t, time.Minute)
 	return took
 }
-
-// pausable is false on Sentinel for now: a CLIENT PAUSE WRITE of the
-// primary shortly after a failover was followed by extra cron requests for
-// a few subjects (check 4) in one of two 45 s runs, not understood yet;
-// until it is, the schedule leaves the fault out here rather than fail
-// every run on it. `--pause-sentinel` keeps it, to reproduce.
-func (s *sentinel) pausable() bool { return s.withPause }
 
 func (s *sentinel) pause(_ redistest.T, ctx context.Context, _ *rand.Rand, d time.Duration) error {
 	return pauseWrites(ctx, s.rdb, d) // the failover client talks to the primary
@@ -175,8 +161,6 @@ func (s *cluster) dataFault(t redistest.T, _ string, rng *rand.Rand, _ time.Dura
 	t.Helper()
 	return s.c.FailOver(t, s.partitionMaster(t, rng), time.Minute)
 }
-
-func (s *cluster) pausable() bool { return true }
 
 func (s *cluster) pause(t redistest.T, ctx context.Context, rng *rand.Rand, d time.Duration) error {
 	// go-redis routes CLIENT PAUSE to a random node; address the master.

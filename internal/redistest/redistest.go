@@ -482,12 +482,17 @@ const (
 	// WithCluster adds a real 3-master Redis Cluster, reached through a
 	// go-redis ClusterClient ("cluster").
 	WithCluster BackendOption = iota + 1
+	// WithSharedCluster adds the test binary's shared 3-master cluster
+	// (SharedCluster), with a ClusterClient of the test's own ("cluster").
+	// The test must follow the shared cluster's rules: a key prefix of its
+	// own, no flushes. With WithCluster too, the test's own cluster wins.
+	WithSharedCluster
 )
 
 // Backends returns miniredis and, when redis-server is on PATH, a real
-// redis-server (and with WithCluster a real cluster). Without the binary
-// only miniredis is returned and the test logs why, unless
-// TASKLEASE_REQUIRE_REDIS=1, which fails the test.
+// redis-server (and with WithCluster or WithSharedCluster a real
+// cluster). Without the binary only miniredis is returned and the test
+// logs why, unless TASKLEASE_REQUIRE_REDIS=1, which fails the test.
 func Backends(t *testing.T, opts ...BackendOption) []Backend {
 	t.Helper()
 	m := StartMini(t)
@@ -507,10 +512,17 @@ func Backends(t *testing.T, opts ...BackendOption) []Backend {
 		Advance: waitReal,
 		Real:    true,
 	})
-	if slices.Contains(opts, WithCluster) {
+	var cluster *Cluster
+	switch {
+	case slices.Contains(opts, WithCluster):
+		cluster = StartCluster(t)
+	case slices.Contains(opts, WithSharedCluster):
+		cluster = SharedCluster(t)
+	}
+	if cluster != nil {
 		backends = append(backends, Backend{
 			Name:    "cluster",
-			Client:  StartCluster(t).Client(t),
+			Client:  cluster.Client(t),
 			Advance: waitReal,
 			Real:    true,
 		})
