@@ -11,7 +11,9 @@ import (
 
 // execScript is the sync job's stage: log the start, leave two
 // daemonised helpers behind (setsid, and a double fork into a new session),
-// work 0.2-2.8 s (longer than the lease TTL now and then), log the end. The helpers must die with the stage.
+// work 0.2-2.8 s (longer than the lease TTL now and then, and one run in
+// four past the stage's 2 s timeout: killed, retried), log the end. The
+// helpers must die with the stage, also when it times out.
 const execScript = `echo "start $TASKLEASE_KEY $TASKLEASE_FENCING_TOKEN $TASKLEASE_RUN_ID $(date +%s%N) $CHAOS_RUNNER" >> "$CHAOS_EXEC_LOG"
 setsid sh -c 'sleep 300' </dev/null >/dev/null 2>&1 &
 ( setsid sh -c 'sleep 301 & exit 0' </dev/null >/dev/null 2>&1 & )
@@ -52,6 +54,7 @@ jobs:
     stages:
       - name: work
         exec: ["sh", "-c", %q]
+        timeout: 2s
         killGrace: 300ms
 `, recorderURL+"/push", execScript)
 	if cron {
