@@ -1,8 +1,9 @@
 // Command chaos runs the chaos soak of tasklease (package internal/chaos)
 // against a build of cmd/runner: several `runner serve` processes on a
-// real redis-server, under load, while it SIGKILLs runners (the cron
-// leader mid-fan-out among them), SIGSTOPs them past their lease TTL and
-// restarts Redis empty once; then it checks that no key is stuck, tokens
+// Redis topology it starts (one server, Sentinel or Cluster), under load,
+// while it SIGKILLs runners (the cron leader mid-fan-out among them),
+// SIGSTOPs them past their lease TTL, pauses Redis past it, and restarts
+// or fails over Redis; then it checks that no key is stuck, tokens
 // never go backwards, no process an exec stage started survives, every
 // subject gets exactly one request per cron occurrence, and no two
 // executions of a key overlap unless the older one was refused.

@@ -1,13 +1,16 @@
 // Package chaos is the chaos soak of tasklease as deployed: several
-// `runner serve` processes on a real Redis, an http job (bulk) whose
-// downstream checks fencing tokens, an exec job (sync) whose stage
-// daemonises helpers, and a cron schedule on bulk for every subject. It
-// submits and cancels at random through the runners' APIs while it SIGKILLs
-// runners (the cron leader mid-fan-out among them), SIGSTOPs them past their
-// lease TTL, and restarts Redis empty once. Then it checks:
+// `runner serve` processes on a real Redis topology (topology.go: one
+// server, Sentinel, Cluster), an http job (bulk) whose downstream checks
+// fencing tokens, an exec job (sync) whose stage daemonises helpers and
+// sometimes outlives its timeout, and a cron schedule on bulk for every
+// subject. It submits and cancels at random through the runners' APIs
+// while it SIGKILLs runners (the cron leader mid-fan-out among them),
+// SIGSTOPs them past their lease TTL, pauses Redis writes past it, and
+// makes the topology's Redis faults happen (restarts, a lost disk,
+// failovers), each ending an epoch. Then it checks:
 //
 //  1. no key is stuck;
-//  2. tokens never go backwards (also across the data loss);
+//  2. tokens never go backwards (also across every Redis fault);
 //  3. no descendant of an exec stage survives its stage or its runner;
 //  4. every subject gets exactly one request per cron occurrence;
 //  5. no two executions of a key overlap unless the older one was refused.
