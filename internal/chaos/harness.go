@@ -311,6 +311,17 @@ func (h *harness) run(opts Options) (Report, error) {
 		APIErrors:    int(h.errs.Load()),
 		DrainSeconds: drained.Round(time.Millisecond).Seconds(), FinalStatuses: finalStatus,
 	}
+	takeovers := map[string]bool{}
+	for _, ep := range h.epochs {
+		for key, d := range ep.keys {
+			for _, g := range d.grants {
+				if g.event == "recovered" {
+					takeovers[fmt.Sprintf("%s %d", key, g.token)] = true
+				}
+			}
+		}
+	}
+	rep.Takeovers = len(takeovers)
 	rep.RedisFaults = []RedisFault{}
 	for _, o := range h.outages {
 		rep.FaultsByKind[o.kind]++

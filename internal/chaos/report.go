@@ -49,6 +49,9 @@ type Report struct {
 	// RefusedStale is the recorder's requests refused for a stale token
 	// (RefusedOnArrival + RefusedAtCommit).
 	RefusedStale int `json:"refusedStale"`
+	// Takeovers counts runs recovered after their holder's lease expired
+	// (the history's "recovered" grants, each key and token once).
+	Takeovers int `json:"takeovers"`
 	// Occurrences is the cron occurrences fired; OccurrencesChecked those
 	// checked for exactly one request per subject, over Epochs stretches
 	// without Redis data loss.
@@ -121,8 +124,8 @@ func (r Report) Summary() []string {
 		return time.Duration(s * float64(time.Second)).Round(time.Millisecond)
 	}
 	lines := []string{
-		fmt.Sprintf("runs=%d kills=%d stops=%d redisFaults=%d refusedStale=%d occurrences=%d violations=%d",
-			r.Runs, kills, k[FaultSigstopPastTTL], len(r.RedisFaults), r.RefusedStale, r.Occurrences, r.Violations),
+		fmt.Sprintf("runs=%d kills=%d stops=%d redisFaults=%d takeovers=%d refusedStale=%d occurrences=%d violations=%d",
+			r.Runs, kills, k[FaultSigstopPastTTL], len(r.RedisFaults), r.Takeovers, r.RefusedStale, r.Occurrences, r.Violations),
 		fmt.Sprintf("faults: SIGKILL %d (cron leader %d, of them mid-fan-out %d), SIGSTOP>TTL %d, graceful stops %d, CLIENT PAUSE>TTL %d; Redis restarted keeping its data %d, empty %d, failed over %d; processes of exec stages alive when their runner died %d, all gone within %v unless reported",
 			kills, leader, k[FaultSigkillLeaderMidFanOut], k[FaultSigstopPastTTL], k[FaultGracefulStop], k[FaultClientPause],
 			k[FaultRedisRestartKeepData], k[FaultRedisRestartEmpty], k[FaultFailover],
