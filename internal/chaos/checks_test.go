@@ -3,12 +3,22 @@
 package chaos
 
 import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/tasklease/tasklease/internal/keyspace"
 	"github.com/tasklease/tasklease/internal/redistest"
+	"github.com/tasklease/tasklease/jobs"
 	"github.com/tasklease/tasklease/taskkey"
 )
 
@@ -152,6 +162,379 @@ func TestCheckerExactlyOnceWithRequestsFromBeforeTheWindow(t *testing.T) {
 			h.checkOnce(0, ep)
 			if got := h.viol.of(checkOnce); len(got) != tc.want {
 				t.Fatalf("%d violations, want %d: %v", len(got), tc.want, got)
+			}
+		})
+	}
+}
+
+// Check 1: drain asks a runner's API about every key until each run has
+// ended (done, failed, cancelled, or 404: no record). A key whose run is
+// still active when the timeout is up (queued with nobody claiming it,
+// running under a holder that never ends it, retrying forever), or that
+// the API cannot answer for, is stuck.
+func TestCheckerNoStuckKey(t *testing.T) {
+	type answer struct {
+		code    int
+		status  jobs.Status
+		owner   string
+		waiting string
+	}
+	ended := func(s jobs.Status) answer { return answer{code: http.StatusOK, status: s} }
+	noRecord := answer{code: http.StatusNotFound}
+	running := answer{code: http.StatusOK, status: jobs.StatusRunning, owner: "chaos-a/1f2e", waiting: ""}
+	queued := answer{code: http.StatusOK, status: jobs.StatusQueued, waiting: "waiting for a runner that defines stage push"}
+	retrying := answer{code: http.StatusOK, status: jobs.StatusRetrying}
+	for _, tc := range []struct {
+		name string
+		// per subject, the API's successive answers (the last repeats)
+		answers   map[string][]answer
+		wantStuck []string // subjects
+		wantFinal map[string]int
+	}{
+		{"every run ended", map[string][]answer{"u1": {ended(jobs.StatusDone)}, "u2": {ended(jobs.StatusFailed)},
+			"u3": {ended(jobs.StatusCancelled)}, "u4": {noRecord}},
+			nil, map[string]int{"done": 1, "failed": 1, "cancelled": 1, "idle": 1}},
+		{"runs that end while draining", map[string][]answer{"u1": {running, running, ended(jobs.StatusDone)},
+			"u2": {queued, noRecord}, "u3": {retrying, ended(jobs.StatusFailed)}},
+			nil, map[string]int{"done": 1, "idle": 1, "failed": 1}},
+		{"running under a holder that never ends it", map[string][]answer{"u1": {ended(jobs.StatusDone)}, "u2": {running}},
+			[]string{"u2"}, map[string]int{"done": 1}},
+		{"queued with nobody claiming it", map[string][]answer{"u1": {queued}, "u2": {noRecord}},
+			[]string{"u1"}, map[string]int{"idle": 1}},
+		{"retrying forever", map[string][]answer{"u1": {retrying}}, []string{"u1"}, map[string]int{}},
+		{"the API cannot answer", map[string][]answer{"u1": {{code: http.StatusInternalServerError}}, "u2": {ended(jobs.StatusDone)}},
+			[]string{"u1"}, map[string]int{"done": 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel() // the stuck cases wait out the drain timeout
+			var subjects []string
+			for s := range tc.answers {
+				subjects = append(subjects, s)
+			}
+			h := checkerHarness(t, subjects...)
+			var mu sync.Mutex
+			asked := map[string]int{}
+			api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				subject, scope, _ := strings.Cut(strings.TrimPrefix(r.URL.Path, "/v1/tasks/"), "/")
+				mu.Lock()
+				l := tc.answers[subject]
+				n := asked[subject]
+				asked[subject]++
+				mu.Unlock()
+				if len(l) == 0 || scope != bulkScope {
+					http.NotFound(w, r)
+					return
+				}
+				a := l[min(n, len(l)-1)]
+				if a.code != http.StatusOK {
+					http.Error(w, http.StatusText(a.code), a.code)
+					return
+				}
+				_ = json.NewEncoder(w).Encode(jobs.TaskView{Key: subject + "|" + scope, Subject: subject, Scope: scope, RunID: "r1",
+					Status: a.status, Stage: "push", Attempt: 1, MaxAttempts: 3, Owner: a.owner, FencingToken: 7, Waiting: a.waiting})
+			}))
+			t.Cleanup(api.Close)
+			h.http = &http.Client{Timeout: time.Second}
+			h.ids = []string{"chaos-a"}
+			h.runners = map[string]*runnerProc{"chaos-a": {id: "chaos-a", url: api.URL}}
+
+			_, final := h.drain(1500 * time.Millisecond)
+			got := h.viol.of(checkStuck)
+			if len(got) != len(tc.wantStuck) {
+				t.Fatalf("%d violations, want %d (%v): %v", len(got), len(tc.wantStuck), tc.wantStuck, got)
+			}
+			for i, s := range tc.wantStuck {
+				if k := taskkey.MustNew(s, bulkScope).String(); !strings.Contains(got[i], "key "+k+" still") {
+					t.Errorf("violation does not name %s: %s", k, got[i])
+				}
+			}
+			if fmt.Sprint(final) != fmt.Sprint(tc.wantFinal) {
+				t.Errorf("final statuses %v, want %v", final, tc.wantFinal)
+			}
+		})
+	}
+}
+
+// startMarked starts `sleep secs` as a runner's process would be: with
+// CHAOS_RUNNER=marker and, unless key is "", TASKLEASE_KEY=key (what an
+// exec stage's command and its descendants inherit). It is killed and
+// reaped at cleanup; wait reports whether it has exited.
+func startMarked(t *testing.T, marker, key, secs string) (wait func(time.Duration) bool) {
+	t.Helper()
+	bin, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Skip("no sleep binary")
+	}
+	cmd := exec.Command(bin, secs)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "CHAOS_RUNNER=") && !strings.HasPrefix(kv, "TASKLEASE_KEY=") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, "CHAOS_RUNNER="+marker)
+	if key != "" {
+		cmd.Env = append(cmd.Env, "TASKLEASE_KEY="+key)
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-done })
+	return func(d time.Duration) bool {
+		select {
+		case <-done:
+			return true
+		case <-time.After(d):
+			return false
+		}
+	}
+}
+
+// Check 3, once every run has ended (noStageDescendants): a live process
+// that carries a marker of this run and a key (started by an exec stage)
+// is a violation, and is killed; a runner itself (a marker, no key), a
+// helper that exits within the grace, and another run's processes are not.
+// Real processes: the check scans /proc (the file builds on Linux only).
+func TestCheckerNoSurvivingStageDescendant(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		marker string // "<nonce>" is this run's nonce
+		key    string
+		secs   string
+		want   int
+	}{
+		{"nothing left", "", "", "", 0},
+		{"a runner, no stage", "<nonce>/chaos-a/1", "", "30", 0},
+		{"a helper that exits in time", "<nonce>/chaos-a/1", "s00|sync", "0.5", 0},
+		{"another run's process", "chaosother/chaos-a/1", "s00|sync", "30", 0},
+		{"a daemon of an ended stage", "<nonce>/chaos-a/1", "s00|sync", "30", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel() // a violation waits out the 3 s grace
+			h := checkerHarness(t)
+			h.nonce = fmt.Sprintf("chaostest%x", rand.Uint64())
+			var wait func(time.Duration) bool
+			if tc.marker != "" {
+				wait = startMarked(t, strings.ReplaceAll(tc.marker, "<nonce>", h.nonce), tc.key, tc.secs)
+			}
+			h.noStageDescendants()
+			got := h.viol.of(checkDescendant)
+			if len(got) != tc.want {
+				t.Fatalf("%d violations, want %d: %v", len(got), tc.want, got)
+			}
+			if tc.want > 0 {
+				if !strings.Contains(got[0], fmt.Sprintf("key %q", tc.key)) {
+					t.Errorf("violation does not name the process's key: %s", got[0])
+				}
+				if !wait(2 * time.Second) {
+					t.Errorf("the surviving process was not killed")
+				}
+			}
+		})
+	}
+}
+
+// Check 3, when a runner dies (checkGone): a process that carries the
+// dead incarnation's marker 5 s later is a violation, and is killed; one
+// that exits in time is not, nor is another incarnation's.
+func TestCheckerNoDescendantOutlivesItsRunner(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		suffix   string // marker: <nonce>/chaos-a/<suffix>
+		key      string
+		secs     string
+		want     int
+		wantSeen int64
+	}{
+		{"nothing left", "", "", "", 0, 0},
+		{"a helper that exits in time", "1", "s00|sync", "0.5", 0, 1},
+		{"another incarnation's process", "12", "s00|sync", "30", 0, 0},
+		{"a daemon outlives its runner", "1", "s00|sync", "30", 1, 1},
+		{"a supervisor without a key outlives its runner", "1", "", "30", 1, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel() // a violation waits out the 5 s grace
+			h := checkerHarness(t)
+			h.nonce = fmt.Sprintf("chaostest%x", rand.Uint64())
+			p := &runnerProc{id: "chaos-a", inc: 1, marker: h.nonce + "/chaos-a/1"}
+			var wait func(time.Duration) bool
+			if tc.suffix != "" {
+				wait = startMarked(t, h.nonce+"/chaos-a/"+tc.suffix, tc.key, tc.secs)
+			}
+			h.checkGone(p, "SIGKILL")
+			got := h.viol.of(checkDescendant)
+			if len(got) != tc.want {
+				t.Fatalf("%d violations, want %d: %v", len(got), tc.want, got)
+			}
+			if seen := h.descSeen.Load(); seen != tc.wantSeen {
+				t.Errorf("%d descendants seen, want %d", seen, tc.wantSeen)
+			}
+			if tc.want > 0 {
+				if !strings.Contains(got[0], "chaos-a#1") {
+					t.Errorf("violation does not name the runner: %s", got[0])
+				}
+				if !wait(2 * time.Second) {
+					t.Errorf("the surviving process was not killed")
+				}
+			}
+		})
+	}
+}
+
+// Check 2 across Redis faults (checkTokensAcross): every token granted,
+// sent to the recorder or handed to an exec stage after a fault began
+// must be above every token seen for the key before it, whatever showed
+// it (an epoch's snapshot, the recorder, the exec log); with two faults,
+// the second is checked against the tokens seen before the second.
+func TestCheckerTokensAcrossRedisFaults(t *testing.T) {
+	t0 := time.UnixMilli(1_700_000_000_000)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	u1, s00 := taskkey.MustNew("u1", bulkScope).String(), taskkey.MustNew("s00", syncScope).String()
+	g := func(s float64, tok int64) grant {
+		return grant{at: at(s).UnixMilli(), token: tok, event: "started", runID: fmt.Sprintf("r%d", tok)}
+	}
+	req := func(s float64, tok int64, outcome string) recReq {
+		return recReq{key: u1, runID: fmt.Sprintf("r%d", tok), token: tok, arrive: at(s), end: at(s + 0.5), outcome: outcome,
+			keyHeader: true, headerMatches: true}
+	}
+	line := func(phase string, s float64, tok int64) execLine {
+		return execLine{phase: phase, key: s00, runID: fmt.Sprintf("r%d", tok), marker: "m", token: tok, at: at(s)}
+	}
+	type keys = map[string][]grant
+	// The first fault (a restart without the data) is at 10 s, the second
+	// (a failover) at 20 s.
+	outages := []outage{{kind: FaultRedisRestartEmpty, down: at(10), up: at(11)}, {kind: FaultFailover, down: at(20), up: at(21)}}
+	for _, tc := range []struct {
+		name   string
+		faults int
+		before []keys // each epoch's snapshot before its fault
+		final  keys
+		reqs   []recReq
+		lines  []execLine
+		want   int
+		kind   string // the fault the violation names
+	}{
+		// grants
+		{"grant above the tokens before", 1, []keys{{u1: {g(1, 10)}}}, keys{u1: {g(12, 11)}}, nil, nil, 0, ""},
+		{"grant from before the fault, kept", 1, []keys{{u1: {g(1, 10)}}}, keys{u1: {g(1, 10), g(12, 11)}}, nil, nil, 0, ""},
+		{"grant repeating a token from before", 1, []keys{{u1: {g(1, 10)}}}, keys{u1: {g(12, 10)}}, nil, nil, 1, FaultRedisRestartEmpty},
+		{"grant below a token from before", 1, []keys{{u1: {g(1, 10)}}}, keys{u1: {g(12, 3)}}, nil, nil, 1, FaultRedisRestartEmpty},
+		{"grant below a token only the recorder saw", 1, []keys{{}}, keys{u1: {g(12, 20)}},
+			[]recReq{req(2, 30, recAccepted)}, nil, 1, FaultRedisRestartEmpty},
+		{"grant below a token only the exec log saw", 1, []keys{{}}, keys{s00: {g(12, 20)}},
+			nil, []execLine{line("start", 2, 30), line("end", 3, 30)}, 1, FaultRedisRestartEmpty},
+		// recorder requests
+		{"request with a token above", 1, []keys{{u1: {g(1, 10)}}}, keys{u1: {g(12, 11)}},
+			[]recReq{req(1.5, 10, recAccepted), req(12, 11, recAccepted)}, nil, 0, ""},
+		{"late request of the holder from before", 1, []keys{{u1: {g(1, 10)}}}, keys{u1: {g(12, 11)}},
+			[]recReq{req(1.5, 10, recAccepted), req(10.5, 10, recAccepted), req(12, 11, recAccepted)}, nil, 0, ""},
+		{"refused request with a lower token", 1, []keys{{u1: {g(1, 10)}}}, keys{},
+			[]recReq{req(1.5, 10, recAccepted), req(12, 7, recRefusedArrival)}, nil, 0, ""},
+		{"request with a lower token never granted", 1, []keys{{u1: {g(1, 10)}}}, keys{},
+			[]recReq{req(1.5, 10, recAccepted), req(12, 7, recAccepted)}, nil, 1, FaultRedisRestartEmpty},
+		// exec lines
+		{"exec stage started with a token above", 1, []keys{{}}, keys{},
+			nil, []execLine{line("start", 1, 10), line("end", 3, 10), line("start", 12, 11), line("end", 14, 11)}, 0, ""},
+		{"exec stage of before the fault ending after it", 1, []keys{{}}, keys{},
+			nil, []execLine{line("start", 9, 10), line("end", 12, 10)}, 0, ""},
+		{"exec stage started with a lower token", 1, []keys{{}}, keys{},
+			nil, []execLine{line("start", 1, 10), line("end", 3, 10), line("start", 12, 4), line("end", 14, 4)}, 1, FaultRedisRestartEmpty},
+		// two faults: tokens seen before the second one count for it
+		{"second fault: grant above every token before it", 2, []keys{{u1: {g(1, 10)}}, {u1: {g(12, 20)}}},
+			keys{u1: {g(12, 20), g(22, 21)}}, nil, nil, 0, ""},
+		{"second fault: grant above the first's tokens only", 2, []keys{{u1: {g(1, 10)}}, {u1: {g(12, 20)}}},
+			keys{u1: {g(22, 15)}}, nil, nil, 1, FaultFailover},
+		{"second fault: request above the first's tokens only", 2, []keys{{u1: {g(1, 10)}}, {}}, keys{},
+			[]recReq{req(1.5, 10, recAccepted), req(12, 20, recAccepted), req(22, 15, recAccepted)}, nil, 1, FaultFailover},
+		{"second fault: exec stage above the first's tokens only", 2, []keys{{}, {}}, keys{},
+			nil, []execLine{line("start", 1, 10), line("end", 2, 10), line("start", 12, 20), line("end", 13, 20),
+				line("start", 22, 15), line("end", 23, 15)}, 1, FaultFailover},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := checkerHarness(t, "u1")
+			h.keys = append(h.keys, taskkey.MustNew("s00", syncScope))
+			h.outages = outages[:tc.faults]
+			for _, ks := range tc.before {
+				ep := &epoch{keys: map[string]*keyData{}}
+				for k, gs := range ks {
+					ep.keys[k] = &keyData{grants: gs}
+				}
+				h.epochs = append(h.epochs, ep)
+			}
+			h.epochs = append(h.epochs, &epoch{}) // the last: the final state
+			if len(h.epochs) != tc.faults+1 {
+				t.Fatalf("%d epochs for %d faults", len(h.epochs), tc.faults)
+			}
+			final := map[string]*keyData{}
+			for k, gs := range tc.final {
+				final[k] = &keyData{grants: gs}
+			}
+			h.checkTokens(final, tc.reqs, tc.lines)
+			got := h.viol.of(checkTokens)
+			if len(got) != tc.want {
+				t.Fatalf("%d violations, want %d: %v", len(got), tc.want, got)
+			}
+			for _, v := range got {
+				if !strings.Contains(v, "Redis fault "+tc.kind+" ") {
+					t.Errorf("violation does not name the fault %s: %s", tc.kind, v)
+				}
+			}
+		})
+	}
+}
+
+// Check 5 in the exec log (checkOverlaps): an exec stage still running
+// when a newer token's stage of its key starts is a violation, unless the
+// older one's runner was SIGSTOPped, Redis was paused (CLIENT PAUSE), or
+// a Redis fault happened across it; the explained ones are counted.
+func TestCheckerExecOverlapExplanations(t *testing.T) {
+	t0 := time.Unix(2000, 0)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	const key = "s00|sync"
+	older, newer := "chaosn/chaos-a/1", "chaosn/chaos-b/2"
+	line := func(phase string, s float64, tok int64, marker string) execLine {
+		return execLine{phase: phase, key: key, runID: fmt.Sprintf("r%d", tok), marker: marker, token: tok, at: at(s)}
+	}
+	// Token 1 on chaos-a#1 runs 0..3 s; token 2 on chaos-b#2 starts at 1 s.
+	overlap := []execLine{line("start", 0, 1, older), line("start", 1, 2, newer), line("end", 3, 1, older), line("end", 4, 2, newer)}
+	for _, tc := range []struct {
+		name          string
+		lines         []execLine
+		stops         []stopSpan
+		outages       []outage
+		want, explain int
+	}{
+		{"one after the other", []execLine{line("start", 0, 1, older), line("end", 1, 1, older),
+			line("start", 2, 2, newer), line("end", 3, 2, newer)}, nil, nil, 0, 0},
+		{"unexplained overlap", overlap, nil, nil, 1, 0},
+		{"older runner SIGSTOPped", overlap, []stopSpan{{marker: older, from: at(0.5), to: at(2.5)}}, nil, 0, 1},
+		{"newer runner SIGSTOPped", overlap, []stopSpan{{marker: newer, from: at(0.5), to: at(2.5)}}, nil, 1, 0},
+		{"older runner SIGSTOPped before it started", overlap, []stopSpan{{marker: older, from: at(-3), to: at(-1)}}, nil, 1, 0},
+		{"CLIENT PAUSE", overlap, []stopSpan{{marker: "", from: at(0.5), to: at(2.5)}}, nil, 0, 1},
+		{"CLIENT PAUSE after the newer one started", overlap, []stopSpan{{marker: "", from: at(1.5), to: at(3)}}, nil, 1, 0},
+		{"Redis fault", overlap, nil, []outage{{kind: FaultFailover, down: at(0.5), up: at(0.9)}}, 0, 1},
+		{"Redis fault long before", overlap, nil, []outage{{kind: FaultFailover, down: at(-5), up: at(-3)}}, 1, 0},
+		{"Redis fault after the newer one started", overlap, nil, []outage{{kind: FaultFailover, down: at(2), up: at(2.5)}}, 1, 0},
+		{"a stage started twice", []execLine{line("start", 0, 1, older), line("start", 0.5, 1, older), line("end", 1, 1, older)},
+			nil, nil, 1, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := checkerHarness(t)
+			h.stopLog, h.outages = tc.stops, tc.outages
+			explained := h.checkOverlaps(nil, tc.lines)
+			got := h.viol.of(checkOverlap)
+			if len(got) != tc.want {
+				t.Fatalf("%d violations, want %d: %v", len(got), tc.want, got)
+			}
+			if explained != tc.explain {
+				t.Errorf("%d overlaps explained, want %d", explained, tc.explain)
+			}
+			for _, v := range got {
+				if !strings.Contains(v, key) {
+					t.Errorf("violation does not name the key: %s", v)
+				}
 			}
 		})
 	}
