@@ -22,6 +22,11 @@ import (
 // SIGKILL when KillGrace is zero.
 const ExecKillGraceDefault = 5 * time.Second
 
+// supervisorKillWait bounds the wait for a hurried supervisor: its own
+// bound on SIGKILLed descendants dying (5 s, for one stuck in the kernel)
+// and a margin. Only then is its process group SIGKILLed.
+const supervisorKillWait = 6 * time.Second
+
 const (
 	// execStderrTail is how much of the end of stderr is kept for the error
 	// message.
@@ -50,9 +55,11 @@ const (
 //     SIGKILL; RunStage returns once every descendant is dead and reaped.
 //   - The stage context is done (cancel, timeout, lease loss, shutdown):
 //     every descendant gets SIGTERM, and SIGKILL at 80% of the kill grace
-//     (for a grace under 500 ms, up to 100 ms before its end); if the
-//     supervisor has not finished when the whole grace is up, its process
-//     group is SIGKILLed too.
+//     (for a grace under 500 ms, up to 100 ms before its end). If the
+//     supervisor has not finished when the whole grace is up, it gets its
+//     DeathSignal (SIGKILL every descendant now) and up to 6 s more; only
+//     then is its process group SIGKILLed. The supervisor itself is never
+//     killed first: what left the group would outlive it.
 //   - The runner dies (SIGKILL, OOM, crash): the supervisor gets SIGUSR1 as
 //     its parent-death signal and SIGKILLs every descendant at once.
 //
@@ -104,6 +111,11 @@ type ExecStage struct {
 	// else: one that does not runs its usual main with these arguments (a
 	// test binary, for one, runs all its tests), and the stage fails.
 	Supervisor []string
+
+	// supervisorGrace, when set (tests), replaces supervisorGrace: a
+	// supervisor slower than the runner's kill grace, as on a loaded
+	// machine.
+	supervisorGrace func(time.Duration) time.Duration
 }
 
 // SuperviseCommand is the first argument that makes a binary hosting the
@@ -218,7 +230,7 @@ func (e *ExecStage) RunStage(ctx context.Context, run *Run) error {
 		stopped = context.Cause(ctx)
 		if sv != nil {
 			// The supervisor stops the descendants within its shorter grace;
-			// the group SIGKILL below is the backstop.
+			// hurrying it, then the group SIGKILL, are the backstops.
 			terminateProcess(cmd.Process)
 		} else {
 			terminateGroup(cmd.Process)
@@ -228,8 +240,24 @@ func (e *ExecStage) RunStage(ctx context.Context, run *Run) error {
 		case <-p.exited:
 			t.Stop()
 		case <-t.C:
-			killGroup(cmd.Process)
-			<-p.exited
+			if sv == nil {
+				killGroup(cmd.Process)
+				<-p.exited
+				break
+			}
+			// A supervisor still at work when the grace is up is told to
+			// SIGKILL every descendant at once and given the time that
+			// takes. SIGKILLing it instead would leave what left its
+			// process group (setsid, a double fork) running with nobody
+			// left to kill it; seen in cmd/chaos on a loaded machine.
+			hurrySupervisor(cmd.Process)
+			t.Reset(supervisorKillWait)
+			select {
+			case <-p.exited:
+			case <-t.C:
+				killGroup(cmd.Process)
+				<-p.exited
+			}
 		}
 	}
 	// The leader is gone; kill what it left behind in its group (or what

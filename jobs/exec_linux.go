@@ -39,6 +39,10 @@ func terminateGroup(p *os.Process) { _ = syscall.Kill(-p.Pid, syscall.SIGTERM) }
 // already empty) is expected and ignored.
 func killGroup(p *os.Process) { _ = syscall.Kill(-p.Pid, syscall.SIGKILL) }
 
+// hurrySupervisor sends a supervisor its DeathSignal: SIGKILL every
+// descendant now, then exit.
+func hurrySupervisor(p *os.Process) { _ = syscall.Kill(p.Pid, supervisor.DeathSignal) }
+
 // pPID is waitid's P_PID id type.
 const pPID = 1
 

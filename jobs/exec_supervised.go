@@ -43,8 +43,12 @@ func (e *ExecStage) supervisedCmd(grace time.Duration) (*exec.Cmd, *supervised, 
 	if err != nil {
 		return nil, nil, err
 	}
+	sg := supervisorGrace
+	if e.supervisorGrace != nil {
+		sg = e.supervisorGrace
+	}
 	opts := supervisor.Options{
-		Grace:     supervisorGrace(grace),
+		Grace:     sg(grace),
 		ParentPID: os.Getpid(),
 		StatusFD:  3, // ExtraFiles[0]
 		Path:      target.Path,

@@ -585,3 +585,32 @@ func TestExecSupervisorGrace(t *testing.T) {
 		t.Fatal("testSupervisor lacks SuperviseCommand")
 	}
 }
+
+// A supervisor that has not finished when the kill grace is up is hurried
+// (its DeathSignal), not SIGKILLed: killed, it could not kill what left
+// its process group. Here the supervisor's own grace is made longer than
+// the runner's, as on a loaded machine where it falls behind, and the
+// stage's daemon escaped with setsid and ignores SIGTERM.
+func TestExecSupervisedSlowSupervisorIsHurriedNotKilled(t *testing.T) {
+	dir, mark := t.TempDir(), newExecMark(t)
+	const stubborn = `setsid sh -c 'trap "" TERM; echo $$ > daemon.pid; while :; do sleep 1; done'`
+	const grace = 300 * time.Millisecond
+	e := &ExecStage{Command: []string{"sh", "-c", `( ` + stubborn + ` & ) ; sleep 300`}, Dir: dir,
+		Env: []string{execMarkEnv + "=" + mark}, KillGrace: grace, Supervisor: testSupervisor(t), Stdout: &syncBuffer{},
+		supervisorGrace: func(g time.Duration) time.Duration { return 10 * g }}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	errc := runStageAsync(ctx, e, testStageRun())
+	d := waitPIDFile(t, filepath.Join(dir, "daemon.pid"))
+	requireEscaped(t, "daemon", d)
+	start := time.Now()
+	cancel(ErrCancelled)
+	if err := recvStage(t, errc, grace+10*time.Second); !errors.Is(err, ErrCancelled) {
+		t.Errorf("err = %v, want ErrCancelled", err)
+	}
+	took := time.Since(start)
+	requireNoneAlive(t, mark, fmt.Sprintf("RunStage returned after %v", took.Round(time.Millisecond)))
+	if took > 10*grace {
+		t.Errorf("RunStage returned after %v: the hurried supervisor should end it soon after the %v grace, not after its own %v", took, grace, 10*grace)
+	}
+}
