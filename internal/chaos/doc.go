@@ -13,7 +13,9 @@
 //  2. tokens never go backwards (also across every Redis fault);
 //  3. no descendant of an exec stage survives its stage or its runner;
 //  4. every subject gets exactly one request per cron occurrence;
-//  5. no two executions of a key overlap unless the older one was refused.
+//  5. no two executions of a key overlap unless the older one was refused;
+//  6. every accepted request is reflected in a run that ended or is still
+//     active (accepted.go; requests a Redis fault may have lost excepted).
 //
 // Run does all of it and returns a Report; `go run ./cmd/chaos` and
 // TestChaosE2E (cmd/runner) are thin wrappers around it. The harness needs

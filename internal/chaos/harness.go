@@ -83,7 +83,8 @@ type harness struct {
 	goneMax                atomic.Int64 // longest wait for a dead runner's processes to go (ns)
 	submits, cancels       atomic.Int64
 	fgs, pauses            atomic.Int64
-	logsKept               string // where the logs were copied, once they were
+	logsKept               string    // where the logs were copied, once they were
+	acc                    acceptLog // the load's accepted submits and cancels (check 6)
 
 	mu      sync.Mutex
 	runners map[string]*runnerProc
@@ -263,6 +264,7 @@ func (h *harness) run(opts Options) (Report, error) {
 		occurrences, occChecked = occurrences+n, occChecked+c
 	}
 	execOverlaps := h.checkOverlaps(reqs, execLines)
+	acceptedChecked := h.checkAccepted()
 
 	// Figures.
 	runs := map[string]bool{}
@@ -306,7 +308,7 @@ func (h *harness) run(opts Options) (Report, error) {
 		Requests:        len(reqs), Accepted: byOutcome[recAccepted],
 		RefusedOnArrival: byOutcome[recRefusedArrival], RefusedAtCommit: byOutcome[recRefusedCommit],
 		Aborted: byOutcome[recAborted], NoKeyHeader: noKeyHeader, PeakLivePerPartition: h.rec.peaks(),
-		ExecRuns: execRuns, ExecOverlapsExplained: execOverlaps,
+		ExecRuns: execRuns, ExecOverlapsExplained: execOverlaps, AcceptedChecked: acceptedChecked,
 		Submits: int(h.submits.Load()), ForegroundHooks: int(h.fgs.Load()), Cancels: int(h.cancels.Load()),
 		APIErrors:    int(h.errs.Load()),
 		DrainSeconds: drained.Round(time.Millisecond).Seconds(), FinalStatuses: finalStatus,

@@ -19,11 +19,12 @@ import (
 	"time"
 
 	"github.com/tasklease/tasklease/jobs"
+	"github.com/tasklease/tasklease/taskkey"
 )
 
 // seedSubjects submits one manual request for every bulk subject ("all"
 // means subjects requested by anything but a schedule) and returns the
-// Redis time once all are accepted.
+// Redis time once all are accepted. Accepted ones are recorded for check 6.
 func (h *harness) seedSubjects() int64 {
 	t := h.t
 	work := make(chan string)
@@ -35,8 +36,11 @@ func (h *harness) seedSubjects() int64 {
 			for s := range work {
 				deadline := time.Now().Add(20 * time.Second)
 				for {
-					_, err := h.post(h.url(rng)+taskPath(s, bulkScope)+"/runs", `{"source":"manual"}`, nil)
+					var res jobs.SubmitResult
+					sent := time.Now()
+					_, err := h.post(h.url(rng)+taskPath(s, bulkScope)+"/runs", `{"source":"manual"}`, &res)
 					if err == nil {
+						h.acc.submit(taskkey.MustNew(s, bulkScope), sent, res)
 						break
 					}
 					if time.Now().After(deadline) {
@@ -63,7 +67,9 @@ func (h *harness) seedSubjects() int64 {
 	return now
 }
 
-// load submits and cancels at random through random runners' APIs.
+// load submits and cancels at random through random runners' APIs. The
+// accepted submits and the cancels that cancelled or flagged a run are
+// recorded for check 6.
 func (h *harness) load(ctx context.Context, worker int) {
 	rng := rand.New(rand.NewPCG(uint64(h.seed), uint64(10+worker)))
 	policies := []string{"join", "join", "join", "queue", "queue", "replace"}
@@ -79,9 +85,11 @@ func (h *harness) load(ctx context.Context, worker int) {
 				subj, scope = syncSubj, syncScope
 			}
 			src := []string{"manual", "manual", "foreground"}[rng.IntN(3)]
+			sent := time.Now()
 			_, err = h.post(base+taskPath(subj, scope)+"/runs",
 				fmt.Sprintf(`{"source":%q,"policy":%q}`, src, policies[rng.IntN(len(policies))]), &res)
 			if err == nil {
+				h.acc.submit(taskkey.MustNew(subj, scope), sent, res)
 				h.submits.Add(1)
 				h.mu.Lock()
 				h.outc[string(res.Outcome)]++
@@ -101,8 +109,12 @@ func (h *harness) load(ctx context.Context, worker int) {
 			if r >= 90 {
 				subj, scope = syncSubj, syncScope
 			}
-			_, err = h.post(base+taskPath(subj, scope)+"/cancel", "", nil)
+			var cres struct {
+				Outcome jobs.CancelOutcome `json:"outcome"`
+			}
+			_, err = h.post(base+taskPath(subj, scope)+"/cancel", "", &cres)
 			if err == nil {
+				h.acc.cancel(taskkey.MustNew(subj, scope), cres.Outcome)
 				h.cancels.Add(1)
 			}
 		}

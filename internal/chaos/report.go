@@ -87,6 +87,11 @@ type Report struct {
 	ExecRuns              int `json:"execRuns"`
 	ExecOverlapsExplained int `json:"execOverlapsExplained"`
 
+	// AcceptedChecked is the load's accepted submits (started, joined,
+	// queued, replaced) checked for being reflected in a run that ended or
+	// is still active; those a Redis fault may have lost are not.
+	AcceptedChecked int `json:"acceptedChecked"`
+
 	// The load, through the runners' APIs.
 	Submits         int            `json:"submits"`
 	SubmitOutcomes  map[string]int `json:"submitOutcomes"`
@@ -138,6 +143,8 @@ func (r Report) Summary() []string {
 			r.Submits, r.SubmitOutcomes, r.ForegroundHooks, r.Cancels, r.APIErrors, seconds(r.DrainSeconds), r.FinalStatuses),
 		fmt.Sprintf("cron: %d occurrences fired, %d checked for exactly one request per subject (%d epochs)",
 			r.Occurrences, r.OccurrencesChecked, r.Epochs),
+		fmt.Sprintf("accepted: %d accepted submits checked for being reflected in a run that ended or is still active",
+			r.AcceptedChecked),
 	}
 	for _, f := range r.RedisFaults {
 		lines = append(lines, fmt.Sprintf("redis fault at %.1fs: %s, serving again after %v", f.AtSeconds, f.Kind, seconds(f.ServingAfterSeconds)))

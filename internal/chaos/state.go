@@ -48,6 +48,43 @@ type keyData struct {
 	events int
 	lease  int64 // token of the lease, 0 if none
 	task   int64 // token in the run record, 0 if none
+
+	// For check 6 (accepted.go): every run the kept history names, and
+	// the run record's current run.
+	runs     map[string]*runSeen // run id → what the history shows of it
+	runID    string              // the record's runId ("" if no record)
+	status   jobs.Status         // the record's status
+	followUp bool                // the record has a follow-up queued (queue, replace)
+}
+
+// runSeen is one run as a key's history shows it.
+type runSeen struct {
+	first int    // index (chronological) of the run's oldest kept event
+	ended string // its terminal event (done, failed, cancelled), "" if none kept
+}
+
+// seeRun notes history event n (chronological) naming run id.
+func (d *keyData) seeRun(id string, n int, event string) {
+	if id == "" {
+		return
+	}
+	if d.runs == nil {
+		d.runs = map[string]*runSeen{}
+	}
+	r := d.runs[id]
+	if r == nil {
+		r = &runSeen{first: n}
+		d.runs[id] = r
+	}
+	switch jobs.Status(event) {
+	case jobs.StatusDone, jobs.StatusFailed, jobs.StatusCancelled:
+		r.ended = event
+	}
+}
+
+// current reports whether id is the record's run and still active.
+func (d *keyData) current(id string) bool {
+	return id != "" && d.runID == id && d.status.Active()
 }
 
 // tokens reports the tokens this key's state names.
@@ -76,7 +113,8 @@ func historyReader(rdb redis.UniversalClient, ks *keyspace.Space, keys []taskkey
 }
 
 // readKeys reads the history (with coalesced counts), lease and record
-// token of every key.
+// token of every key, and the record's current run, status and follow-up
+// flag.
 func readKeys(ctx context.Context, rdb redis.UniversalClient, ks *keyspace.Space, keys []taskkey.Key) (map[string]*keyData, error) {
 	reg, err := historyReader(rdb, ks, keys)
 	if err != nil {
@@ -87,10 +125,13 @@ func readKeys(ctx context.Context, rdb redis.UniversalClient, ks *keyspace.Space
 	for i := 0; i < len(keys); i += chunk {
 		part := keys[i:min(i+chunk, len(keys))]
 		pipe := rdb.Pipeline()
-		type cmds struct{ lease, token *redis.StringCmd }
+		type cmds struct {
+			lease *redis.StringCmd
+			rec   *redis.SliceCmd // token, runId, status, followUp
+		}
 		cs := make([]cmds, len(part))
 		for j, k := range part {
-			cs[j] = cmds{lease: pipe.Get(ctx, ks.Lease(k)), token: pipe.HGet(ctx, ks.Task(k), "token")}
+			cs[j] = cmds{lease: pipe.Get(ctx, ks.Lease(k)), rec: pipe.HMGet(ctx, ks.Task(k), "token", "runId", "status", "followUp")}
 		}
 		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 			return nil, fmt.Errorf("lease and record tokens: %w", err)
@@ -107,6 +148,7 @@ func readKeys(ctx context.Context, rdb redis.UniversalClient, ks *keyspace.Space
 				if n == 0 {
 					d.first = at
 				}
+				d.seeRun(e.RunID, n, e.Event)
 				switch e.Event {
 				case "started", "recovered":
 					d.grants = append(d.grants, grant{at: at, token: e.FencingToken, event: e.Event, runID: e.RunID, source: e.Source})
@@ -123,7 +165,14 @@ func readKeys(ctx context.Context, rdb redis.UniversalClient, ks *keyspace.Space
 			if v := cs[j].lease.Val(); v != "" {
 				d.lease, _ = strconv.ParseInt(strings.SplitN(v, "|", 2)[0], 10, 64)
 			}
-			d.task, _ = strconv.ParseInt(cs[j].token.Val(), 10, 64)
+			rec := make([]string, 4)
+			for f, v := range cs[j].rec.Val() {
+				if str, ok := v.(string); ok && f < len(rec) {
+					rec[f] = str
+				}
+			}
+			d.task, _ = strconv.ParseInt(rec[0], 10, 64)
+			d.runID, d.status, d.followUp = rec[1], jobs.Status(rec[2]), rec[3] == "1"
 			out[k.String()] = d
 		}
 	}

@@ -15,6 +15,7 @@ const (
 	checkDescendant = "3 no surviving descendant"
 	checkOnce       = "4 exactly once per occurrence"
 	checkOverlap    = "5 no overlapping executions"
+	checkAccepted   = "6 every accepted request is reflected"
 )
 
 // detailsPerCheck is how many violations of one check the report details.
