@@ -28,7 +28,7 @@ func acceptKeyData(run string, status jobs.Status, followUp bool, evs ...hev) *k
 		if n == 0 {
 			d.first = acceptT0.Add(e.at).UnixMilli()
 		}
-		d.seeRun(e.run, n, e.event)
+		d.seeRun(e.run, n, e.event, 0)
 	}
 	return d
 }

@@ -539,3 +539,37 @@ func TestCheckerExecOverlapExplanations(t *testing.T) {
 		})
 	}
 }
+
+// Check 7: once a run is done its stage never runs again, unless a Redis
+// fault may have lost the done event.
+func TestCheckerNoStageAfterItsRunIsDone(t *testing.T) {
+	base := time.UnixMilli(10_000)
+	key := taskkey.MustNew("s1", syncScope).String()
+	for _, tc := range []struct {
+		name    string
+		startAt time.Time // an exec start of run r1
+		outages []outage
+		want    int
+	}{
+		{"before the done", base.Add(-time.Second), nil, 0},
+		{"after the done", base.Add(time.Second), nil, 1},
+		{"after the done, which a failover may have lost", base.Add(3 * time.Second),
+			[]outage{{kind: FaultFailover, down: base.Add(time.Second), up: base.Add(2 * time.Second)}}, 0},
+		{"after the done, a failover long after it", base.Add(time.Minute),
+			[]outage{{kind: FaultFailover, down: base.Add(30 * time.Second), up: base.Add(32 * time.Second)}}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := checkerHarness(t, "u1")
+			d := &keyData{}
+			d.seeRun("r1", 0, "started", base.Add(-2*time.Second).UnixMilli())
+			d.seeRun("r1", 1, "done", base.UnixMilli())
+			h.epochs = []*epoch{{keys: map[string]*keyData{key: d}}}
+			h.outages = tc.outages
+			lines := []execLine{{phase: "start", key: key, runID: "r1", token: 7, at: tc.startAt}}
+			h.checkRerun(nil, lines)
+			if got := h.viol.of(checkRerun); len(got) != tc.want {
+				t.Fatalf("%d violations, want %d: %v", len(got), tc.want, got)
+			}
+		})
+	}
+}

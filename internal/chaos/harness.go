@@ -265,6 +265,7 @@ func (h *harness) run(opts Options) (Report, error) {
 	}
 	execOverlaps := h.checkOverlaps(reqs, execLines)
 	acceptedChecked := h.checkAccepted()
+	rerunChecked := h.checkRerun(reqs, execLines)
 
 	// Figures.
 	runs := map[string]bool{}
@@ -309,6 +310,7 @@ func (h *harness) run(opts Options) (Report, error) {
 		RefusedOnArrival: byOutcome[recRefusedArrival], RefusedAtCommit: byOutcome[recRefusedCommit],
 		Aborted: byOutcome[recAborted], NoKeyHeader: noKeyHeader, PeakLivePerPartition: h.rec.peaks(),
 		ExecRuns: execRuns, ExecOverlapsExplained: execOverlaps, AcceptedChecked: acceptedChecked,
+		RerunChecked: rerunChecked,
 		Submits: int(h.submits.Load()), ForegroundHooks: int(h.fgs.Load()), Cancels: int(h.cancels.Load()),
 		APIErrors:    int(h.errs.Load()),
 		DrainSeconds: drained.Round(time.Millisecond).Seconds(), FinalStatuses: finalStatus,

@@ -91,6 +91,9 @@ type Report struct {
 	// queued, replaced) checked for being reflected in a run that ended or
 	// is still active; those a Redis fault may have lost are not.
 	AcceptedChecked int `json:"acceptedChecked"`
+	// RerunChecked is the stage executions (exec starts, accepted http
+	// requests) checked against their run having ended done (check 7).
+	RerunChecked int `json:"rerunChecked"`
 
 	// The load, through the runners' APIs.
 	Submits         int            `json:"submits"`
@@ -145,6 +148,7 @@ func (r Report) Summary() []string {
 			r.Occurrences, r.OccurrencesChecked, r.Epochs),
 		fmt.Sprintf("accepted: %d accepted submits checked for being reflected in a run that ended or is still active",
 			r.AcceptedChecked),
+		fmt.Sprintf("reruns: %d stage executions checked for starting after their run was done", r.RerunChecked),
 	}
 	for _, f := range r.RedisFaults {
 		lines = append(lines, fmt.Sprintf("redis fault at %.1fs: %s, serving again after %v", f.AtSeconds, f.Kind, seconds(f.ServingAfterSeconds)))

@@ -59,12 +59,13 @@ type keyData struct {
 
 // runSeen is one run as a key's history shows it.
 type runSeen struct {
-	first int    // index (chronological) of the run's oldest kept event
-	ended string // its terminal event (done, failed, cancelled), "" if none kept
+	first   int    // index (chronological) of the run's oldest kept event
+	ended   string // its terminal event (done, failed, cancelled), "" if none kept
+	endedAt int64  // when (Redis ms), with ended
 }
 
 // seeRun notes history event n (chronological) naming run id.
-func (d *keyData) seeRun(id string, n int, event string) {
+func (d *keyData) seeRun(id string, n int, event string, at int64) {
 	if id == "" {
 		return
 	}
@@ -78,7 +79,7 @@ func (d *keyData) seeRun(id string, n int, event string) {
 	}
 	switch jobs.Status(event) {
 	case jobs.StatusDone, jobs.StatusFailed, jobs.StatusCancelled:
-		r.ended = event
+		r.ended, r.endedAt = event, at
 	}
 }
 
@@ -148,7 +149,7 @@ func readKeys(ctx context.Context, rdb redis.UniversalClient, ks *keyspace.Space
 				if n == 0 {
 					d.first = at
 				}
-				d.seeRun(e.RunID, n, e.Event)
+				d.seeRun(e.RunID, n, e.Event, at)
 				switch e.Event {
 				case "started", "recovered":
 					d.grants = append(d.grants, grant{at: at, token: e.FencingToken, event: e.Event, runID: e.RunID, source: e.Source})

@@ -16,6 +16,7 @@ const (
 	checkOnce       = "4 exactly once per occurrence"
 	checkOverlap    = "5 no overlapping executions"
 	checkAccepted   = "6 every accepted request is reflected"
+	checkRerun      = "7 no stage runs again once its run is done"
 )
 
 // detailsPerCheck is how many violations of one check the report details.
