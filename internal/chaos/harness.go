@@ -311,7 +311,7 @@ func (h *harness) run(opts Options) (Report, error) {
 		Aborted: byOutcome[recAborted], NoKeyHeader: noKeyHeader, PeakLivePerPartition: h.rec.peaks(),
 		ExecRuns: execRuns, ExecOverlapsExplained: execOverlaps, AcceptedChecked: acceptedChecked,
 		RerunChecked: rerunChecked,
-		Submits: int(h.submits.Load()), ForegroundHooks: int(h.fgs.Load()), Cancels: int(h.cancels.Load()),
+		Submits:      int(h.submits.Load()), ForegroundHooks: int(h.fgs.Load()), Cancels: int(h.cancels.Load()),
 		APIErrors:    int(h.errs.Load()),
 		DrainSeconds: drained.Round(time.Millisecond).Seconds(), FinalStatuses: finalStatus,
 	}
