@@ -15,7 +15,8 @@
 //  4. every subject gets exactly one request per cron occurrence;
 //  5. no two executions of a key overlap unless the older one was refused;
 //  6. every accepted request is reflected in a run that ended or is still
-//     active (accepted.go; requests a Redis fault may have lost excepted).
+//     active (accepted.go; requests a Redis fault may have lost excepted);
+//  7. no stage of a run executes again once the run is done (rerun.go).
 //
 // Run does all of it and returns a Report; `go run ./cmd/chaos` and
 // TestChaosE2E (cmd/runner) are thin wrappers around it. The harness needs
