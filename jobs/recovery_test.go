@@ -480,18 +480,7 @@ func TestRecoveryShutdownHandsBack(t *testing.T) {
 		t.Run(b.Name, func(t *testing.T) {
 			var pull counter
 			var push seenLog
-			pushing := HandlerFunc(func(ctx context.Context, run *Run) error {
-				st := seeRun(run)
-				if strings.HasPrefix(run.Owner(), "rec-a/") {
-					push.add(st)
-					<-ctx.Done() // runner A's stage never finishes by itself
-					st.cause = context.Cause(ctx)
-					push.add(st)
-					return st.cause
-				}
-				push.add(st)
-				return nil
-			})
+			pushing := recHoldOnA(&push)
 			e := newEnv(t, b.Client, Config{Prefix: "rec-handback", Jobs: []Job{{
 				Scope: "course_sync", Retry: recRetry,
 				Stages: []Stage{{Name: "pulling", Handler: &pull}, {Name: "pushing", Handler: pushing}},
@@ -822,18 +811,7 @@ func TestRecoveryLeaseLossStopsStage(t *testing.T) {
 			ctx := context.Background()
 			var pull counter
 			var push seenLog
-			pushing := HandlerFunc(func(ctx context.Context, run *Run) error {
-				st := seeRun(run)
-				if strings.HasPrefix(run.Owner(), "rec-a/") {
-					push.add(st)
-					<-ctx.Done()
-					st.cause = context.Cause(ctx)
-					push.add(st)
-					return st.cause
-				}
-				push.add(st)
-				return nil
-			})
+			pushing := recHoldOnA(&push)
 			e := newEnv(t, b.Client, Config{Prefix: "rec-lease-loss", Jobs: []Job{{
 				Scope: "course_sync", Retry: recRetry,
 				Stages: []Stage{{Name: "pulling", Handler: &pull}, {Name: "pushing", Handler: pushing}},
@@ -916,4 +894,22 @@ func TestRecoveryLeaseLossStopsStage(t *testing.T) {
 			}
 		})
 	}
+}
+
+// recHoldOnA is a stage that runner rec-a never finishes by itself (it
+// returns only when its context ends) and any other runner completes; push
+// logs every entry and rec-a's end.
+func recHoldOnA(push *seenLog) HandlerFunc {
+	return HandlerFunc(func(ctx context.Context, run *Run) error {
+		st := seeRun(run)
+		if strings.HasPrefix(run.Owner(), "rec-a/") {
+			push.add(st)
+			<-ctx.Done()
+			st.cause = context.Cause(ctx)
+			push.add(st)
+			return st.cause
+		}
+		push.add(st)
+		return nil
+	})
 }
