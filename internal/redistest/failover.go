@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Masters returns the running nodes that serve slots now.
@@ -92,9 +94,11 @@ func (c *Cluster) checkHealed(ctx context.Context, dead string) error {
 }
 
 // FailOver kills the primary, waits until the Sentinels have promoted a
-// replica that answers as master, and starts the dead server again (the
-// Sentinels make it a replica of the new primary). It returns the dead
-// primary's address and how long the promotion took.
+// replica that answers as master, starts the dead server again and waits
+// until the Sentinels have made it a replica in sync with the new primary
+// (restarted empty, it comes up as a master of nothing; promoted by a
+// next failover before that, it would lose every key). It returns the
+// dead primary's address and how long the promotion took.
 func (st *Sentinels) FailOver(t T, timeout time.Duration) (string, time.Duration) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
@@ -114,5 +118,29 @@ func (st *Sentinels) FailOver(t T, timeout time.Duration) (string, time.Duration
 	}
 	took := time.Since(killed)
 	dead.Restart(t)
+	if err := waitInSync(ctx, dead.Addr()); err != nil {
+		t.Fatalf("redistest: %s back as a replica: %v", addr, err)
+	}
 	return addr, took
+}
+
+// waitInSync polls until addr is a replica whose link to its master is up
+// and whose initial sync is done.
+func waitInSync(ctx context.Context, addr string) error {
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: time.Second})
+	defer c.Close()
+	var last map[string]string
+	for {
+		if info, err := c.Info(ctx, "replication").Result(); err == nil {
+			last = infoFields(info)
+			if last["role"] == "slave" && last["master_link_status"] == "up" && last["master_sync_in_progress"] == "0" {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("not in sync: %w (last: role=%s link=%s sync=%s)", ctx.Err(), last["role"], last["master_link_status"], last["master_sync_in_progress"])
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
