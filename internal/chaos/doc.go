@@ -9,6 +9,7 @@
 // makes the topology's Redis faults happen (restarts, a lost disk,
 // failovers), each ending an epoch. Then it checks:
 //
+//  0. every Redis fault is one it made (no failover of the Sentinels' own);
 //  1. no key is stuck;
 //  2. tokens never go backwards (also across every Redis fault);
 //  3. no descendant of an exec stage survives its stage or its runner;

@@ -69,7 +69,7 @@ func (h *harness) faults(dur time.Duration, long bool) {
 			switch r := h.rng.IntN(5); {
 			case r < 2:
 				h.kill(p)
-			case r < 4 || !h.topo.pausable():
+			case r < 4:
 				h.stop(p, time.Duration(1500+h.rng.IntN(1500))*time.Millisecond)
 				lastCont = time.Now()
 			default:

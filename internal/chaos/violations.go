@@ -10,6 +10,7 @@ import (
 
 // The checks, as violations are filed under them (Report.ViolationsByCheck).
 const (
+	checkFaults     = "0 every Redis fault is the harness's"
 	checkStuck      = "1 no stuck key"
 	checkTokens     = "2 tokens never go backwards"
 	checkDescendant = "3 no surviving descendant"

@@ -259,3 +259,18 @@ func TestServerRetriesTakenPort(t *testing.T) {
 		t.Fatalf("PING: %v", err)
 	}
 }
+
+func TestSentinelFailoversCountsEachPromotion(t *testing.T) {
+	st := StartSentinel(t)
+	ctx := context.Background()
+	if n, err := st.Failovers(ctx); err != nil || n != 0 {
+		t.Fatalf("Failovers before any = %d, %v; want 0", n, err)
+	}
+	dead, _ := st.FailOver(t, time.Minute)
+	if n, err := st.Failovers(ctx); err != nil || n != 1 {
+		t.Fatalf("Failovers after one = %d, %v; want 1", n, err)
+	}
+	if addr, err := st.MasterAddr(ctx); err != nil || addr == dead {
+		t.Fatalf("master after the failover = %q, %v; want a promoted replica, not %s", addr, err, dead)
+	}
+}

@@ -14,14 +14,24 @@ import (
 // SentinelMaster is the master name the Sentinels of StartSentinel monitor.
 const SentinelMaster = "tasklease"
 
-// Sentinel timings: a primary unreachable for sentinelDownAfter is
+// Sentinel timings: a primary unreachable for DefaultSentinelDownAfter is
 // declared down and a replica promoted (about 2 s on this machine).
 const (
-	sentinelDownAfter       = 1000 * time.Millisecond
-	sentinelFailoverTimeout = 5000 * time.Millisecond
-	sentinelQuorum          = 2
-	sentinelCount           = 3
+	DefaultSentinelDownAfter = 1000 * time.Millisecond
+	sentinelFailoverTimeout  = 5000 * time.Millisecond
+	sentinelQuorum           = 2
+	sentinelCount            = 3
 )
+
+// SentinelOptions tune StartSentinelWith.
+type SentinelOptions struct {
+	// DownAfter is the Sentinels' down-after-milliseconds;
+	// DefaultSentinelDownAfter when zero. A primary held in CLIENT PAUSE
+	// WRITE under load stops answering the Sentinels' PINGs (they queue
+	// behind its blocked hello PUBLISH), so a test that pauses for d needs
+	// DownAfter well above d, or the Sentinels fail the primary over.
+	DownAfter time.Duration
+}
 
 // sentinelReplicas is how many replicas StartSentinel gives the primary:
 // with two, a second failover still finds a replica to promote.
@@ -42,6 +52,16 @@ type Sentinels struct {
 // ends.
 func StartSentinel(t T) *Sentinels {
 	t.Helper()
+	return StartSentinelWith(t, SentinelOptions{})
+}
+
+// StartSentinelWith is StartSentinel with opts.
+func StartSentinelWith(t T, opts SentinelOptions) *Sentinels {
+	t.Helper()
+	downAfter := opts.DownAfter
+	if downAfter <= 0 {
+		downAfter = DefaultSentinelDownAfter
+	}
 	bin := requireBinary(t, "redis-server")
 	dir := t.TempDir()
 	st := &Sentinels{}
@@ -62,7 +82,7 @@ func StartSentinel(t T) *Sentinels {
 			body := fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d %d\n"+
 				"sentinel down-after-milliseconds %s %d\nsentinel failover-timeout %s %d\n",
 				SentinelMaster, st.Primary.port, sentinelQuorum,
-				SentinelMaster, sentinelDownAfter.Milliseconds(), SentinelMaster, sentinelFailoverTimeout.Milliseconds())
+				SentinelMaster, downAfter.Milliseconds(), SentinelMaster, sentinelFailoverTimeout.Milliseconds())
 			return conf, os.WriteFile(conf, []byte(body), 0o600)
 		}
 		s.startOnFreePort(t, func(t T) int { return FreePort(t) })
@@ -100,6 +120,35 @@ func (st *Sentinels) MasterAddr(ctx context.Context) (string, error) {
 		lastErr = err
 	}
 	return "", fmt.Errorf("redistest: no sentinel knows the master: %v", lastErr)
+}
+
+// Failovers returns how many failovers the Sentinels have made since they
+// started: the master's config-epoch, which each failover bumps by one
+// (the highest any Sentinel reports).
+func (st *Sentinels) Failovers(ctx context.Context) (int64, error) {
+	var (
+		best    int64 = -1
+		lastErr error
+	)
+	for _, s := range st.sentinels {
+		c := redis.NewSentinelClient(&redis.Options{Addr: s.Addr()})
+		m, err := c.Master(ctx, SentinelMaster).Result()
+		_ = c.Close()
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		n, err := strconv.ParseInt(m["config-epoch"], 10, 64)
+		if err != nil {
+			lastErr = fmt.Errorf("config-epoch %q: %w", m["config-epoch"], err)
+			continue
+		}
+		best = max(best, n)
+	}
+	if best < 0 {
+		return 0, fmt.Errorf("redistest: no sentinel reports the master: %v", lastErr)
+	}
+	return best, nil
 }
 
 // Server returns the primary or replica listening on addr, nil if none.
