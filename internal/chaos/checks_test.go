@@ -3,7 +3,9 @@
 package chaos
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -569,6 +571,37 @@ func TestCheckerNoStageAfterItsRunIsDone(t *testing.T) {
 			h.checkRerun(nil, lines)
 			if got := h.viol.of(checkRerun); len(got) != tc.want {
 				t.Fatalf("%d violations, want %d: %v", len(got), tc.want, got)
+			}
+		})
+	}
+}
+
+// unplannedTopo is a topology whose Redis had faults the harness did not
+// make (or could not tell).
+type unplannedTopo struct {
+	topology
+	what string
+	err  error
+}
+
+func (u unplannedTopo) unplanned(context.Context) (string, error) { return u.what, u.err }
+
+func TestCheckerEveryRedisFaultIsTheHarnesss(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		topo unplannedTopo
+		want int
+	}{
+		{"only planned faults", unplannedTopo{}, 0},
+		{"a failover of the Sentinels' own", unplannedTopo{what: "the Sentinels made 3 failovers, the harness 2"}, 1},
+		{"cannot count", unplannedTopo{err: errors.New("no sentinel answers")}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := checkerHarness(t)
+			h.topo = tc.topo
+			h.checkRedisFaults(context.Background())
+			if got := len(h.viol.of(checkFaults)); got != tc.want {
+				t.Fatalf("violations = %d, want %d: %v", got, tc.want, h.viol.details())
 			}
 		})
 	}

@@ -257,11 +257,7 @@ func (h *harness) run(opts Options) (Report, error) {
 	}
 	reqs := h.rec.snapshot()
 
-	if what, err := h.topo.unplanned(context.Background()); err != nil {
-		h.viol.add(checkFaults, "could not count the Redis faults: %v", err)
-	} else if what != "" {
-		h.viol.add(checkFaults, "%s: data may have been lost where the checks do not expect it, so violations of other checks may be Redis's, not tasklease's", what)
-	}
+	h.checkRedisFaults(context.Background())
 	h.checkTokens(final, reqs, execLines)
 	occurrences, occChecked := 0, 0
 	for i, ep := range h.epochs {
