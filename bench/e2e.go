@@ -22,6 +22,7 @@ type e2eResult struct {
 	rate        float64 // runs/s, first submit → all recorded done in Redis
 	redisCPUus  float64 // Redis used_cpu_user+sys
 	redisCalls  float64 // INFO commandstats calls (script commands included)
+	redisInstr  float64 // instructions Redis executed (--callgrind only)
 	roundTrips  float64 // client round trips of this system's client
 	benchCPUus  float64 // CPU of this process (submitters + runner/server)
 	bytesPerKey float64 // MEMORY USAGE of every key ÷ runs (e2e_1stage only)
@@ -56,12 +57,14 @@ func (b *bench) e2e(rep, stages int) error {
 		b.rep.add2(name+"_redis_calls_per_run", tl.redisCalls, as.redisCalls)
 		b.rep.add2("round_trips_per_2stage_run", tl.roundTrips, as.roundTrips)
 		b.rep.add2(name+"_bench_cpu_us_per_run", tl.benchCPUus, as.benchCPUus)
+		b.addInstr(name+"_redis_instructions_per_run", tl, as)
 		return nil
 	}
 	b.rep.add2("redis_cpu_us_per_run", tl.redisCPUus, as.redisCPUus)
 	b.rep.add2("redis_calls_per_run", tl.redisCalls, as.redisCalls)
 	b.rep.add2("round_trips_per_1stage_run", tl.roundTrips, as.roundTrips)
 	b.rep.add2("bench_cpu_us_per_run", tl.benchCPUus, as.benchCPUus)
+	b.addInstr("redis_instructions_per_run", tl, as)
 	b.rep.add2("bytes_per_finished_key", tl.bytesPerKey, as.bytesPerKey)
 	b.rep.extra["bytes_by_kind"] = tl.bytesByKind
 	b.rep.extra["asynq_bytes_by_kind"] = as.bytesByKind
@@ -86,6 +89,14 @@ type meter struct {
 	start  time.Time
 }
 
+// addInstr reports the per-run instruction count as key when the bench
+// runs Redis under callgrind.
+func (b *bench) addInstr(key string, tl, as e2eResult) {
+	if b.srv.callgrind {
+		b.rep.add2(key, tl.redisInstr, as.redisInstr)
+	}
+}
+
 func (b *bench) startMeter(trips *tripCounter) (*meter, error) {
 	if err := b.admin.ConfigResetStat(b.ctx).Err(); err != nil {
 		return nil, err
@@ -93,6 +104,11 @@ func (b *bench) startMeter(trips *tripCounter) (*meter, error) {
 	snap, err := takeSnapshot(b.ctx, b.admin)
 	if err != nil {
 		return nil, err
+	}
+	if b.srv.callgrind {
+		if err := b.srv.instrOn(); err != nil {
+			return nil, err
+		}
 	}
 	return &meter{b: b, trips: trips, srv: snap, proc: processCPU(), trips0: trips.trips.Load(), start: time.Now()}, nil
 }
@@ -102,12 +118,20 @@ func (m *meter) stop(n int) (e2eResult, error) {
 	elapsed := time.Since(m.start)
 	trips := m.trips.trips.Load() - m.trips0
 	proc := processCPU() - m.proc
+	var instr int64
+	if m.b.srv.callgrind {
+		var err error
+		if instr, err = m.b.srv.instrOff(); err != nil {
+			return e2eResult{}, err
+		}
+	}
 	snap, err := takeSnapshot(m.b.ctx, m.b.admin)
 	if err != nil {
 		return e2eResult{}, err
 	}
 	per := float64(n)
 	return e2eResult{
+		redisInstr: float64(instr) / per,
 		rate:       per / elapsed.Seconds(),
 		redisCPUus: float64((snap.cpu - m.srv.cpu).Microseconds()) / per,
 		redisCalls: float64(snap.calls-m.srv.calls) / per,

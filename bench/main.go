@@ -116,6 +116,7 @@ var measures = []measure{
 type bench struct {
 	ctx   context.Context
 	addr  string        // the private redis-server
+	srv   *redisServer
 	admin *redis.Client // FLUSHALL, INFO, checks: never counted
 	sz    sizes
 	rep   *report
@@ -133,9 +134,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	quick := fs.Bool("quick", false, "shrink every size ~20x (smoke test, under a minute)")
 	only := fs.String("only", "", "comma-separated measurements to run: "+measureNames())
 	jsonFile := fs.String("json-out", "", "also write the JSON object to this file")
+	callgrind := fs.Bool("callgrind", false, "run Redis under valgrind's callgrind and report the instructions it executes per run/request (deterministic; rates are meaningless then, use with --quick)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the bench process (both systems' clients and servers) to this file")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: go run . [--json] [--json-out FILE] [--reps N] [--quick] [--only name,name] [--cpuprofile FILE]\n\n")
+		fmt.Fprintf(stderr, "usage: go run . [--json] [--json-out FILE] [--reps N] [--quick] [--only name,name] [--cpuprofile FILE] [--callgrind]\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -153,7 +155,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	srv, err := startRedis()
+	srv, err := startRedis(*callgrind)
 	if err != nil {
 		fmt.Fprintln(stderr, "bench: cannot start the private Redis:", err)
 		return 2
@@ -162,7 +164,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	admin := redis.NewClient(&redis.Options{Addr: srv.addr, PoolSize: 16, DisableIdentity: true})
 	defer admin.Close()
 
-	b := &bench{ctx: ctx, addr: srv.addr, admin: admin, sz: fullSizes, log: stderr}
+	b := &bench{ctx: ctx, addr: srv.addr, srv: srv, admin: admin, sz: fullSizes, log: stderr}
 	if *quick {
 		b.sz = quickSizes
 	}

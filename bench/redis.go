@@ -8,6 +8,8 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -24,15 +26,25 @@ type redisServer struct {
 	cmd  *exec.Cmd
 	dir  string
 	done chan struct{}
+	// callgrind is set when the server runs under valgrind's callgrind
+	// (--callgrind): instructions are counted only inside meter windows.
+	callgrind bool
 }
 
 // startRedis launches redis-server on a free loopback port and waits until
 // it answers PING. The port is picked by binding :0 and releasing it, so a
 // launch that loses the port to another process is retried on a new one.
-func startRedis() (*redisServer, error) {
+func startRedis(callgrind bool) (*redisServer, error) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		return nil, fmt.Errorf("redis-server not found on PATH (on Debian: apt-get install redis-server): %w", err)
+	}
+	if callgrind {
+		for _, tool := range []string{"valgrind", "callgrind_control"} {
+			if _, err := exec.LookPath(tool); err != nil {
+				return nil, fmt.Errorf("--callgrind needs %s on PATH (on Debian: apt-get install valgrind): %w", tool, err)
+			}
+		}
 	}
 	dir, err := os.MkdirTemp("", "tasklease-bench-redis-")
 	if err != nil {
@@ -44,7 +56,7 @@ func startRedis() (*redisServer, error) {
 		if err != nil {
 			return nil, err
 		}
-		s, err := launchRedis(bin, dir, port)
+		s, err := launchRedis(bin, dir, port, callgrind)
 		if err == nil {
 			return s, nil
 		}
@@ -63,10 +75,17 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-func launchRedis(bin, dir string, port int) (*redisServer, error) {
-	cmd := exec.Command(bin,
-		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", dir)
+func launchRedis(bin, dir string, port int, callgrind bool) (*redisServer, error) {
+	args := []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir}
+	cmd := exec.Command(bin, args...)
+	ready := 10 * time.Second
+	if callgrind {
+		// valgrind runs redis-server in its own process (the PID is the
+		// server's), counting nothing until a meter switches it on.
+		cmd = exec.Command("valgrind", append([]string{"--tool=callgrind", "--instr-atstart=no",
+			"--callgrind-out-file=" + filepath.Join(dir, "callgrind.out"), bin}, args...)...)
+		ready = 60 * time.Second
+	}
 	logPath := fmt.Sprintf("%s/redis-%d.log", dir, port)
 	logFile, err := os.Create(logPath)
 	if err != nil {
@@ -80,12 +99,12 @@ func launchRedis(bin, dir string, port int) (*redisServer, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start redis-server: %w", err)
 	}
-	s := &redisServer{addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), cmd: cmd, dir: dir, done: make(chan struct{})}
+	s := &redisServer{addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), cmd: cmd, dir: dir, done: make(chan struct{}), callgrind: callgrind}
 	go func() { _ = cmd.Wait(); close(s.done) }()
 
 	c := redis.NewClient(&redis.Options{Addr: s.addr, DisableIdentity: true, MaxRetries: -1})
 	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(ready)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 		err := c.Ping(ctx).Err()
@@ -101,10 +120,63 @@ func launchRedis(bin, dir string, port int) (*redisServer, error) {
 		}
 		if time.Now().After(deadline) {
 			s.stop()
-			return nil, fmt.Errorf("redis-server on port %d did not answer PING within 10s: %w", port, err)
+			return nil, fmt.Errorf("redis-server on port %d did not answer PING within %s: %w", port, ready, err)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// Callgrind counts the instructions Redis executes: deterministic where CPU
+// time on a shared machine is not (a 5 % change is below the noise of
+// INFO cpu here, not of an instruction count).
+
+// instrOn zeroes the counters and starts counting.
+func (s *redisServer) instrOn() error {
+	if err := s.callgrindControl("-z"); err != nil {
+		return err
+	}
+	return s.callgrindControl("-i", "on")
+}
+
+// instrOff stops counting and returns the instructions counted since
+// instrOn (a dump's "totals:" line).
+func (s *redisServer) instrOff() (int64, error) {
+	if err := s.callgrindControl("-i", "off"); err != nil {
+		return 0, err
+	}
+	before, _ := filepath.Glob(filepath.Join(s.dir, "callgrind.out*"))
+	if err := s.callgrindControl("-d"); err != nil {
+		return 0, err
+	}
+	after, err := filepath.Glob(filepath.Join(s.dir, "callgrind.out*"))
+	if err != nil {
+		return 0, err
+	}
+	for _, f := range after {
+		if slices.Contains(before, f) {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		_ = os.Remove(f)
+		if err != nil {
+			return 0, err
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "totals: "); ok {
+				return strconv.ParseInt(strings.Fields(v)[0], 10, 64)
+			}
+		}
+		return 0, fmt.Errorf("callgrind dump %s has no totals line", f)
+	}
+	return 0, fmt.Errorf("callgrind_control -d wrote no dump in %s", s.dir)
+}
+
+func (s *redisServer) callgrindControl(args ...string) error {
+	out, err := exec.Command("callgrind_control", append(args, strconv.Itoa(s.cmd.Process.Pid))...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("callgrind_control %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
 }
 
 // stop terminates the server (SIGTERM, SIGKILL after 5 s) and removes its

@@ -175,4 +175,5 @@ func (b *bench) addPerRequest(name string, tl, as e2eResult) {
 	b.rep.add2(name+"_redis_cpu_us_per_req", tl.redisCPUus, as.redisCPUus)
 	b.rep.add2(name+"_redis_calls_per_req", tl.redisCalls, as.redisCalls)
 	b.rep.add2(name+"_bench_cpu_us_per_req", tl.benchCPUus, as.benchCPUus)
+	b.addInstr(name+"_redis_instructions_per_req", tl, as)
 }
