@@ -115,7 +115,7 @@ var measures = []measure{
 // bench is the state shared by the measurements of one run.
 type bench struct {
 	ctx   context.Context
-	addr  string        // the private redis-server
+	addr  string // the private redis-server
 	srv   *redisServer
 	admin *redis.Client // FLUSHALL, INFO, checks: never counted
 	sz    sizes
