@@ -226,3 +226,54 @@ func TestSubscribersShareOnePubSubConnection(t *testing.T) {
 		})
 	}
 }
+
+// TestAcknowledgedEntriesAreTrimmedBehindTheGroup: on Redis 7 the finish
+// trims the request stream behind the consumer group (XTRIM MINID) instead
+// of deleting each entry. What a run still needs — the entry of a run in
+// progress — stays however many newer runs end around it; what is behind
+// it goes, and once nothing is pending the stream is empty.
+func TestAcknowledgedEntriesAreTrimmedBehindTheGroup(t *testing.T) {
+	rdb := redistest.StartServer(t).Client(t)
+	ctx := context.Background()
+	const scope, before, after = "course_sync", 150, 150
+	release := make(chan struct{})
+	stage := HandlerFunc(func(ctx context.Context, run *Run) error {
+		if run.Subject() == "held" {
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	})
+	e := newEnv(t, rdb, Config{Prefix: "tr", Partitions: 1, Jobs: []Job{clJob(scope, Stage{Name: "pulling", Handler: stage})}})
+	e.startRunner(RunnerConfig{ID: "tr", Concurrency: 8})
+	stream := e.reg.ks.Requests(0) // schedule requests: the bulk lane
+	submitAll := func(from, n int) {
+		for i := from; i < from+n; i++ {
+			clSubmit(t, e.reg, fmt.Sprintf("u%d", i), scope, SourceSchedule, "")
+		}
+		for i := from; i < from+n; i++ {
+			e.waitStatus(fmt.Sprintf("u%d", i), scope, 20*time.Second, StatusDone)
+		}
+	}
+	submitAll(0, before)
+	clSubmit(t, e.reg, "held", scope, SourceSchedule, "")
+	e.waitStatus("held", scope, 10*time.Second, StatusRunning)
+	heldEntry := clRaw(t, e.reg, "held", scope)["entry"]
+	submitAll(before, after)
+
+	if got, err := rdb.XRange(ctx, stream, heldEntry, heldEntry).Result(); err != nil || len(got) != 1 {
+		t.Fatalf("the running run's entry %s: %v, %v; want it kept (pending)", heldEntry, got, err)
+	}
+	if n, err := rdb.XLen(ctx, stream).Result(); err != nil || n >= before+after {
+		t.Errorf("stream length %d, %v after %d runs ended behind the running one; want the ones behind it trimmed", n, err, before)
+	}
+	close(release)
+	e.waitStatus("held", scope, 10*time.Second, StatusDone)
+	waitFor(t, 10*time.Second, "an empty stream once nothing is pending", func() bool {
+		n, err := rdb.XLen(ctx, stream).Result()
+		return err == nil && n == 0
+	})
+}
