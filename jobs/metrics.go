@@ -52,18 +52,13 @@ func newMetrics() *Metrics {
 	}
 }
 
-// queueDepthHelp describes both series of tasklease_queue_depth (one help
-// text per metric name).
-const queueDepthHelp = "Requests in the partition streams (queue=stream: pending included and, while runs are in flight, " +
-	"up to a stream node of acknowledged entries per stream not yet trimmed) and in the retry queues (queue=retry)."
-
 func (m *Metrics) register(reg prometheus.Registerer, depth func(context.Context) (int64, int64, error)) error {
 	streamDepth := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "tasklease_queue_depth", Help: queueDepthHelp,
+		Name: "tasklease_queue_depth", Help: "Requests waiting in the partition streams (pending included).",
 		ConstLabels: prometheus.Labels{"queue": "stream"},
 	}, func() float64 { s, _, _ := depthNow(depth); return float64(s) })
 	retryDepth := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "tasklease_queue_depth", Help: queueDepthHelp,
+		Name: "tasklease_queue_depth", Help: "Requests waiting in the partition streams (pending included).",
 		ConstLabels: prometheus.Labels{"queue": "retry"},
 	}, func() float64 { _, r, _ := depthNow(depth); return float64(r) })
 	for _, c := range []prometheus.Collector{m.requests, m.runs, m.stageDuration, m.leaseGrants,

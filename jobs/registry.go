@@ -477,11 +477,7 @@ func (r *Registry) CancelSubject(ctx context.Context, subject string) (map[strin
 }
 
 // QueueDepth returns the number of requests in the partition streams (both
-// lanes) and in the retry queues. On Redis 7 the streams are trimmed behind
-// the consumer group a whole stream node at a time (lua/lib.lua
-// trim_acked), so while runs are in flight the stream count includes
-// acknowledged entries not yet trimmed, at most a node (~100) per stream;
-// it is exact when nothing is pending.
+// lanes) and in the retry queues.
 func (r *Registry) QueueDepth(ctx context.Context) (stream, retry int64, err error) {
 	pipe := r.rdb.Pipeline()
 	var xl, zc []*redis.IntCmd

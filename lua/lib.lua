@@ -244,59 +244,12 @@ local function cp_begin(task_key, run_id, stages_csv, owner, token, now)
   return done, stage, cursor, attempt
 end
 
--- TRIM_BEHIND_GROUP: acknowledged entries are trimmed behind the group
--- (trim_acked) instead of deleted one by one. True in the Functions library
--- (lua.NewLibrary; Redis 7, which has XTRIM MINID); EVALSHA scripts, which
--- also serve Redis 6.0, delete.
-local TRIM_BEHIND_GROUP = false
-
--- next_id is the stream ID right after id ("ms-seq").
-local function next_id(id)
-  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
-  return ms .. '-' .. (tonumber(seq) + 1)
-end
-
--- trim_acked removes the entries of stream_key older than any the group
--- still needs: the oldest pending one or, with none pending, the first not
--- yet delivered. Entries are delivered in ID order, so everything older
--- than both has been acknowledged. '~' removes whole stream nodes only:
--- an XDEL per entry walks its node to the entry and, deleting the first
--- entry, over the deleted ones for the new first — about 57,000
--- instructions per run with 100-entry nodes, against ~10,000 for this.
--- Acknowledged entries wait in a node until the whole node is behind the
--- group, so XLEN counts them while runs are in flight (at most a node per
--- stream) and is exact when nothing is pending.
--- Cost: XPENDING (one entry); with nothing pending XINFO GROUPS; XTRIM.
-local function trim_acked(stream_key, group)
-  local oldest = redis.call('XPENDING', stream_key, group, '-', '+', 1)[1]
-  local min_id
-  if oldest then
-    min_id = oldest[1]
-  else
-    for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream_key)) do
-      local name, last
-      for i = 1, #g, 2 do
-        if g[i] == 'name' then name = g[i + 1] elseif g[i] == 'last-delivered-id' then last = g[i + 1] end
-      end
-      if name == group and last then min_id = next_id(last) end
-    end
-  end
-  if min_id then redis.call('XTRIM', stream_key, 'MINID', '~', min_id) end
-end
-
--- ack_entry acknowledges a request stream entry and removes it (or, with
--- TRIM_BEHIND_GROUP, trims what is behind the group): the streams stay
--- small without MAXLEN trimming, which could drop pending entries. An
--- entry that was not pending (never delivered: a queued run promoted to the
--- people lane, cancelled or replaced) is deleted, or it would be delivered.
+-- ack_entry acknowledges and deletes a request stream entry: deleting keeps
+-- the stream small without MAXLEN trimming, which could drop pending entries.
 local function ack_entry(stream_key, group, entry_id)
   if entry_id and entry_id ~= '' then
-    local acked = redis.call('XACK', stream_key, group, entry_id)
-    if TRIM_BEHIND_GROUP and acked == 1 then
-      trim_acked(stream_key, group)
-    else
-      redis.call('XDEL', stream_key, entry_id)
-    end
+    redis.call('XACK', stream_key, group, entry_id)
+    redis.call('XDEL', stream_key, entry_id)
   end
 end
 

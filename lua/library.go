@@ -38,21 +38,12 @@ type LibraryOptions struct {
 // publishLine is lib.lua's definition of the publish command.
 const publishLine = "local PUBLISH_CMD = 'PUBLISH'"
 
-// trimLine is lib.lua's switch for trimming acknowledged stream entries
-// behind the consumer group (XTRIM MINID, Redis ≥ 6.2) instead of an XDEL
-// per entry; the library, Redis 7 only, turns it on.
-const trimLine = "local TRIM_BEHIND_GROUP = false"
-
 // NewLibrary builds the library of every script.
 func NewLibrary(opts LibraryOptions) (*Library, error) {
 	lib, err := files.ReadFile(libFile)
 	if err != nil {
 		return nil, fmt.Errorf("lua: read %s: %w", libFile, err)
 	}
-	if !strings.Contains(string(lib), trimLine) {
-		return nil, fmt.Errorf("lua: %s does not define %q", libFile, trimLine)
-	}
-	lib = []byte(strings.Replace(string(lib), trimLine, "local TRIM_BEHIND_GROUP = true", 1))
 	if opts.ShardedPubSub {
 		if !strings.Contains(string(lib), publishLine) {
 			return nil, fmt.Errorf("lua: %s does not define %q", libFile, publishLine)
