@@ -227,13 +227,13 @@ func TestSubscribersShareOnePubSubConnection(t *testing.T) {
 	}
 }
 
-// TestAcknowledgedEntriesAreTrimmedBehindTheGroup: finishing a run removes
-// its request entry from the stream, and nothing else a run still needs —
+// TestFinishedEntriesLeaveTheStreamRunningOnesStay: finishing a run
+// removes its request entry from the stream and nothing a run still needs:
 // the entry of a run in progress stays however many newer runs end around
-// it; once nothing is pending the stream is empty. (Written for a trim
-// behind the consumer group, which was measured and not kept; it holds for
-// the per-entry delete as well.)
-func TestAcknowledgedEntriesAreTrimmedBehindTheGroup(t *testing.T) {
+// it, and once nothing is pending the stream is empty. (It guarded a trim
+// behind the consumer group, measured and not kept; any way of removing
+// finished entries must pass it.)
+func TestFinishedEntriesLeaveTheStreamRunningOnesStay(t *testing.T) {
 	rdb := redistest.StartServer(t).Client(t)
 	ctx := context.Background()
 	const scope, before, after = "course_sync", 150, 150
