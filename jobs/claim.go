@@ -49,6 +49,9 @@ const (
 	// claimGranted: the lease is ours and the run entered its first
 	// incomplete stage.
 	claimGranted claimKind = "granted"
+	// claimPaused: the run's scope is paused; the entry was acknowledged
+	// and the run parked until the scope is resumed.
+	claimPaused claimKind = "paused"
 )
 
 // claimResult is the decoded reply of claim.lua for one entry.
@@ -79,8 +82,8 @@ func (r *Runner) leaseTTL(scope string) time.Duration {
 func (r *Runner) claimCall(p int, es []entry) *scriptCall {
 	ks := r.reg.ks
 	c := &scriptCall{script: r.reg.scripts.claim,
-		keys: make([]string, 0, 4+3*len(es)), args: make([]any, 0, 6+8*len(es))}
-	c.keys = append(c.keys, ks.Index(p), ks.Watch(p), ks.Requests(p), ks.PeopleRequests(p))
+		keys: make([]string, 0, 6+3*len(es)), args: make([]any, 0, 6+8*len(es))}
+	c.keys = append(c.keys, ks.Index(p), ks.Watch(p), ks.Requests(p), ks.PeopleRequests(p), ks.Paused(p), ks.Parked(p))
 	c.args = append(c.args, r.owner, keyspace.Group, r.reg.histCap, ks.Events(p),
 		r.reg.retention.Milliseconds(), r.reclaimIdle.Milliseconds())
 	for _, e := range es {

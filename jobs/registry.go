@@ -95,7 +95,7 @@ func isSingleNode(rdb redis.UniversalClient) bool {
 }
 
 type scripts struct {
-	submit, submitMany, claim, readNext, heartbeat, finish, cancel, retryMove, janitor *redis.Script
+	submit, submitMany, claim, readNext, heartbeat, finish, cancel, retryMove, janitor, resume *redis.Script
 }
 
 // NewRegistry validates cfg and returns a Registry on rdb.
@@ -146,6 +146,7 @@ func NewRegistry(rdb redis.UniversalClient, cfg Config) (*Registry, error) {
 			finish:     lua.MustScript("finish"),
 			cancel:     lua.MustScript("cancel"),
 			retryMove:  lua.MustScript("retry_move"),
+			resume:     lua.MustScript("resume"),
 		},
 	}
 	if isCluster(rdb) {

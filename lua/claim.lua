@@ -4,7 +4,9 @@
 -- incomplete stage. Several entries of one partition go in one call.
 -- KEYS[1] partition index   KEYS[2] partition watch key (views are published
 --         only while it exists)   KEYS[3] bulk request stream   KEYS[4] people request stream
--- KEYS[2+3i] task record of entry i   KEYS[3+3i] its lease   KEYS[4+3i] its history   (i = 1..n)
+-- KEYS[5] partition's paused scopes (a set)   KEYS[6] partition's parked runs
+--         (a sorted set, all scores 0, members "<scope> <subject>")
+-- KEYS[4+3i] task record of entry i   KEYS[5+3i] its lease   KEYS[6+3i] its history   (i = 1..n)
 -- ARGV[1] owner (and consumer name)   ARGV[2] group   ARGV[3] history cap
 -- ARGV[4] events channel   ARGV[5] retention (ms)
 -- ARGV[6] reclaim idle (ms): min idle time after which entries are reclaimed
@@ -18,14 +20,34 @@
 --   {'busy', holder, pttl}     a live lease exists (or a retry is not due); entry left pending
 --   {'foreign', stage}         the run needs a stage (or job) this runner does not
 --                              define: left pending for a runner that does
+--   {'paused'}                 the run's scope is paused: the entry is acknowledged
+--                              and the run parked until resume.lua re-queues it
 --   {'granted', token, done, cursor, attempt, stages, sources, startedAt, prevStatus}
 -- The fencing counter is the record's 'token': a grant takes
 -- max(token + 1, Redis TIME µs) (next_token), so no separate counter key.
--- Cost of a grant: HMGET, GET lease, TIME, SET lease, HSET, RPUSH, EXISTS watch.
+-- Cost of a grant: HMGET, GET lease, TIME, SET lease, HSET, RPUSH, EXISTS watch;
+-- plus one SMEMBERS of the paused set per call (an empty set while nothing is
+-- paused: the only cost of pause on the hot path).
 local owner, group, cap, channel = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local idle_ms = tonumber(ARGV[6])
 local streams = {b = KEYS[3], p = KEYS[4]}
 local now, now_us = clock()
+local paused = nil -- scope -> true, only when some scope is paused
+for _, scope in ipairs(redis.call('SMEMBERS', KEYS[5])) do
+  paused = paused or {}
+  paused[scope] = true
+end
+
+-- scope_paused says whether the run of task is of a paused scope, and
+-- returns its key's parts for parking.
+local function scope_paused(task)
+  if not paused then return false end
+  local key = redis.call('HGET', task, 'key') or ''
+  local bar = string.find(key, '|', 1, true)
+  if not bar then return false end
+  local scope = string.sub(key, bar + 1)
+  return paused[scope] == true, scope, string.sub(key, 1, bar - 1)
+end
 
 local function claim_one(task, lease_key, hist, lane, entry_id, run_id, source, ttl, next_run_id, def_stages, def_max)
   local stream = streams[lane] or streams.b
@@ -61,6 +83,20 @@ local function claim_one(task, lease_key, hist, lane, entry_id, run_id, source, 
   end
   if status == 'retrying' and tonumber(rec[4]) and tonumber(rec[4]) > tonumber(now) then
     return {'busy', '', tonumber(rec[4]) - now}
+  end
+
+  -- A paused scope: nobody claims its runs. The entry leaves the stream (so
+  -- no runner keeps reading or reclaiming it) and the run is parked with
+  -- the source it was requested by; the record stays queued, running with
+  -- an expired lease, or retrying, and is claimed as such after resume.
+  local is_paused, scope, subject = scope_paused(task)
+  if is_paused then
+    ack_entry(stream, group, entry_id)
+    redis.call('ZADD', KEYS[6], 0, scope .. ' ' .. subject)
+    redis.call('HSET', task, 'entry', '', 'prun', run_id, 'psrc', source, 'plane', lane,
+      'waiting', 'scope ' .. scope .. ' is paused', 'v', '')
+    publish_view(task, channel, KEYS[2])
+    return {'paused'}
   end
 
   -- Rolling deploys: a run whose remaining stages this runner does not
@@ -148,8 +184,8 @@ local function claim_one(task, lease_key, hist, lane, entry_id, run_id, source, 
 end
 
 local out = {}
-for i = 1, (#KEYS - 4) / 3 do
-  local k, j = 2 + 3 * i, 6 + 8 * (i - 1)
+for i = 1, (#KEYS - 6) / 3 do
+  local k, j = 4 + 3 * i, 6 + 8 * (i - 1)
   out[i] = claim_one(KEYS[k], KEYS[k + 1], KEYS[k + 2], ARGV[j + 1], ARGV[j + 2], ARGV[j + 3], ARGV[j + 4],
     ARGV[j + 5], ARGV[j + 6], ARGV[j + 7], ARGV[j + 8])
 end

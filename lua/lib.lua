@@ -532,10 +532,15 @@ local function submit_one(a, vals)
       changed = true
     end
     coalesce('joined', 'joined', vals[1], vals[2])
-    -- A person joining a queued bulk run promotes it to the people lane.
+    -- A person joining a queued bulk run promotes it to the people lane; a
+    -- run parked by a paused scope (no entry) is re-queued there on resume.
     if is_person(src) and status == 'queued' and r.lane ~= 'p' then
-      ack_entry(a.streams.b, a.group, r.entry)
-      put('entry', redis.call('XADD', a.streams.p, '*', 'key', a.key, 'runId', cur, 'source', src))
+      if r.entry and r.entry ~= '' then
+        ack_entry(a.streams.b, a.group, r.entry)
+        put('entry', redis.call('XADD', a.streams.p, '*', 'key', a.key, 'runId', cur, 'source', src))
+      else
+        put('plane', 'p')
+      end
       put('lane', 'p')
       changed = true
     end

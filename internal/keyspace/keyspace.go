@@ -168,6 +168,17 @@ func (s *Space) Index(p int) string { return s.index[p] }
 // retention are pruned.
 func (s *Space) Subjects(p int, scope string) string { return s.tags[p] + ":subjects-seen:" + scope }
 
+// Paused is partition p's set of paused scopes. Every partition keeps its
+// own copy so the claim script can honour a pause atomically (one hash tag);
+// pausing writes all of them, partition 0 last, so a scope shown paused
+// (read from partition 0) is paused everywhere.
+func (s *Space) Paused(p int) string { return s.tags[p] + ":paused" }
+
+// Parked is partition p's sorted set of runs parked by a paused scope
+// (members "<scope> <subject>", all scored 0 so a scope's runs are one
+// lexicographic range), re-queued on resume.
+func (s *Space) Parked(p int) string { return s.tags[p] + ":parked" }
+
 // Events is partition p's pub/sub channel of TaskView changes.
 func (s *Space) Events(p int) string { return s.events[p] }
 
