@@ -57,10 +57,12 @@ func (r *Runner) finish(job *Job, p int, lease leasing.Lease, runID, result, com
 		r.reg.metrics.retries.WithLabelValues(k.Scope()).Inc()
 	case StatusDone, StatusFailed, StatusCancelled:
 		r.reg.metrics.runs.WithLabelValues(k.Scope(), status).Inc()
+		r.countFinished(k.Scope(), status)
 	case StatusQueued:
 		// handed back, or a queued follow-up started
 		if result != resultHandback {
 			r.reg.metrics.runs.WithLabelValues(k.Scope(), result).Inc()
+			r.countFinished(k.Scope(), result)
 		}
 	}
 	lvl := slog.LevelInfo

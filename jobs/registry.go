@@ -95,7 +95,7 @@ func isSingleNode(rdb redis.UniversalClient) bool {
 }
 
 type scripts struct {
-	submit, submitMany, claim, readNext, heartbeat, finish, cancel, retryMove, janitor, resume *redis.Script
+	submit, submitMany, claim, readNext, heartbeat, finish, cancel, retryMove, janitor, resume, runnerBeat *redis.Script
 }
 
 // NewRegistry validates cfg and returns a Registry on rdb.
@@ -147,6 +147,7 @@ func NewRegistry(rdb redis.UniversalClient, cfg Config) (*Registry, error) {
 			cancel:     lua.MustScript("cancel"),
 			retryMove:  lua.MustScript("retry_move"),
 			resume:     lua.MustScript("resume"),
+			runnerBeat: lua.MustScript("runner_beat"),
 		},
 	}
 	if isCluster(rdb) {
@@ -297,109 +298,25 @@ type ListOptions struct {
 	Status  Status
 	Scope   string
 	Subject string
-	// Limit (default ListLimitDefault, at most ListLimitMax).
-	Limit int
+	// SubjectPrefix keeps the subjects that start with it.
+	SubjectPrefix string
+	// Sort (default ListSortUpdated).
+	Sort ListSort
+	// Limit (default ListLimitDefault, at most ListLimitMax) and Offset
+	// select the page.
+	Limit  int
+	Offset int
 }
 
-// List returns task views, most recently requested or finished first.
+// List returns a page of task views, most recently updated first (see
+// ListPage, which also counts the matching tasks).
 func (r *Registry) List(ctx context.Context, opts ListOptions) ([]TaskView, error) {
-	if opts.Limit <= 0 {
-		opts.Limit = ListLimitDefault
-	}
-	opts.Limit = min(opts.Limit, ListLimitMax)
-	if opts.Status != "" {
-		if _, err := ParseStatus(string(opts.Status)); err != nil {
-			return nil, err
-		}
-	}
-	if opts.Scope != "" {
-		if _, ok := r.jobs[opts.Scope]; !ok {
-			return nil, fmt.Errorf("%w: %q", ErrUnknownScope, opts.Scope)
-		}
-	}
-	if opts.Subject != "" {
-		if err := taskkey.ValidateSubject(opts.Subject); err != nil {
-			return nil, err
-		}
-	}
-	match := func(v TaskView) bool {
-		return (opts.Status == "" || v.Status == opts.Status) &&
-			(opts.Scope == "" || v.Scope == opts.Scope) &&
-			(opts.Subject == "" || v.Subject == opts.Subject)
-	}
-	if opts.Scope != "" && opts.Subject != "" {
-		v, err := r.Get(ctx, opts.Subject, opts.Scope)
-		if errors.Is(err, ErrNotFound) || (err == nil && !match(v)) {
-			return []TaskView{}, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		return []TaskView{v}, nil
-	}
-	var out []TaskView
-	for p := range r.ks.Partitions() {
-		views, err := r.listPartition(ctx, p, opts.Limit, match)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, views...)
-	}
-	slices.SortFunc(out, func(a, b TaskView) int { return timeOf(b.UpdatedAt).Compare(timeOf(a.UpdatedAt)) })
-	if len(out) > opts.Limit {
-		out = out[:opts.Limit]
-	}
-	if out == nil {
-		out = []TaskView{}
-	}
-	return out, nil
+	page, err := r.ListPage(ctx, opts)
+	return page.Tasks, err
 }
 
 // listScanMax bounds how many index entries one List reads per partition.
 const listScanMax = 5000
-
-func (r *Registry) listPartition(ctx context.Context, p, limit int, match func(TaskView) bool) ([]TaskView, error) {
-	const page = 200
-	var out []TaskView
-	for start := 0; start < listScanMax && len(out) < limit; start += page {
-		keys, err := r.rdb.ZRevRange(ctx, r.ks.Index(p), int64(start), int64(start+page-1)).Result()
-		if err != nil {
-			return nil, fmt.Errorf("jobs: list: %w", err)
-		}
-		if len(keys) == 0 {
-			break
-		}
-		pipe := r.rdb.Pipeline()
-		cmds := make([]*redis.MapStringStringCmd, len(keys))
-		for i, ks := range keys {
-			k, err := taskkey.Parse(ks)
-			if err != nil {
-				continue
-			}
-			cmds[i] = pipe.HGetAll(ctx, r.ks.Task(k))
-		}
-		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-			return nil, fmt.Errorf("jobs: list: %w", err)
-		}
-		var gone []any
-		for i, c := range cmds {
-			if c == nil || len(c.Val()) == 0 {
-				gone = append(gone, keys[i])
-				continue
-			}
-			if v := viewFromRecord(c.Val()); match(v) && len(out) < limit {
-				out = append(out, v)
-			}
-		}
-		if len(gone) > 0 { // records expired by retention: prune the index
-			r.rdb.ZRem(ctx, r.ks.Index(p), gone...)
-		}
-		if len(keys) < page {
-			break
-		}
-	}
-	return out, nil
-}
 
 func timeOf(t *time.Time) time.Time {
 	if t == nil {

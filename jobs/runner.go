@@ -60,6 +60,13 @@ type RunnerConfig struct {
 	// index entries and consumer-group members of gone runners (default
 	// JanitorIntervalDefault).
 	JanitorInterval time.Duration
+	// PresenceInterval: how often this runner refreshes its record in the
+	// runner registry, GET /v1/runners (default PresenceIntervalDefault);
+	// after three missed refreshes it is shown gone.
+	PresenceInterval time.Duration
+	// Version is shown in the runner registry (default: the main module's
+	// version from the build info).
+	Version string
 }
 
 func (c *RunnerConfig) normalize() error {
@@ -89,13 +96,14 @@ func (c *RunnerConfig) normalize() error {
 	def(&c.FetchBlock, FetchBlockDefault)
 	def(&c.RetryPoll, RetryPollDefault)
 	def(&c.JanitorInterval, JanitorIntervalDefault)
+	def(&c.PresenceInterval, PresenceIntervalDefault)
 	def(&c.ReclaimInterval, min(c.LeaseTTL/4, ReclaimIntervalMax))
 	switch {
 	case c.Concurrency < 1 || c.FetchBatch < 1:
 		return fmt.Errorf("%w: concurrency and fetch batch must be >= 1", ErrConfig)
 	case c.LeaseTTL < 30*time.Millisecond:
 		return fmt.Errorf("%w: lease TTL %s below 30ms", ErrConfig, c.LeaseTTL)
-	case c.ShutdownGrace < 0 || c.FetchBlock <= 0 || c.RetryPoll <= 0 || c.ReclaimInterval <= 0 || c.JanitorInterval <= 0:
+	case c.ShutdownGrace < 0 || c.FetchBlock <= 0 || c.RetryPoll <= 0 || c.ReclaimInterval <= 0 || c.JanitorInterval <= 0 || c.PresenceInterval <= 0:
 		return fmt.Errorf("%w: durations must be positive", ErrConfig)
 	}
 	return nil
@@ -122,6 +130,7 @@ type Runner struct {
 	consumerIdle time.Duration
 	log          *slog.Logger
 	slots        chan struct{}
+	presence     *presence // this runner's record in the runner registry
 
 	workCtx    context.Context // runs; cancelled with ErrShutdown after the grace
 	workCancel context.CancelCauseFunc
@@ -160,9 +169,10 @@ func NewRunner(reg *Registry, cfg RunnerConfig) (*Runner, error) {
 	return &Runner{
 		reg: reg, cfg: cfg, owner: owner, reclaimIdle: reclaimIdle,
 		reclaimFrom: make([]string, reg.ks.Partitions()*len(keyspace.Lanes())), reads: make([]atomic.Uint64, reg.ks.Partitions()), consumerIdle: ConsumerIdleLimit,
-		log:    reg.log.With(slog.String("owner", owner)),
-		slots:  make(chan struct{}, cfg.Concurrency),
-		active: make(map[string]map[*context.CancelCauseFunc]struct{}),
+		log:      reg.log.With(slog.String("owner", owner)),
+		slots:    make(chan struct{}, cfg.Concurrency),
+		presence: newPresence(cfg.PresenceInterval, cfg.Version),
+		active:   make(map[string]map[*context.CancelCauseFunc]struct{}),
 	}, nil
 }
 
@@ -206,6 +216,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	loops.Go(func() { r.every(ctx, r.cfg.RetryPoll, r.moveRetries) })
 	loops.Go(func() { r.every(ctx, r.cfg.JanitorInterval, r.janitorPass) })
 	loops.Go(func() { r.cancelListener(ctx, cancels) })
+	loops.Go(func() { r.presenceLoop(ctx) })
 	r.log.Info("runner started", slog.Int("concurrency", r.cfg.Concurrency), slog.Int("partitions", r.reg.ks.Partitions()))
 	<-ctx.Done()
 	loops.Wait()
@@ -219,6 +230,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		r.workCancel(ErrShutdown)
 		<-done
 	}
+	r.leave()
 	r.log.Info("runner stopped")
 	return nil
 }

@@ -20,7 +20,7 @@ func TestLibraryHoldsEveryScript(t *testing.T) {
 	}
 	version := strings.TrimPrefix(lib.Name, "tasklease_")
 	for _, name := range []string{"submit", "submit_many", "claim", "finish", "read_next", "heartbeat",
-		"cancel", "retry_move", "janitor", "resume", "checkpoint_begin", "checkpoint_advance", "checkpoint_progress"} {
+		"cancel", "retry_move", "janitor", "resume", "runner_beat", "checkpoint_begin", "checkpoint_advance", "checkpoint_progress"} {
 		s, err := lua.Script(name)
 		if err != nil {
 			t.Fatal(err)
@@ -64,7 +64,7 @@ func TestLibraryHoldsEveryScript(t *testing.T) {
 		t.Fatalf("FUNCTION LIST: %v %v", libs, err)
 	}
 	// the library's functions: one per script file but lib.lua
-	if n := len(libs[0].Functions); n != 20 {
-		t.Errorf("library has %d functions, want 20 (one per script)", n)
+	if n := len(libs[0].Functions); n != 21 {
+		t.Errorf("library has %d functions, want 21 (one per script)", n)
 	}
 }

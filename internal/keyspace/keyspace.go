@@ -179,6 +179,14 @@ func (s *Space) Paused(p int) string { return s.tags[p] + ":paused" }
 // lexicographic range), re-queued on resume.
 func (s *Space) Parked(p int) string { return s.tags[p] + ":parked" }
 
+// Runners is the hash of runner presence records (owner → JSON), under its
+// own hash tag: it belongs to no partition.
+func (s *Space) Runners() string { return "{" + s.prefix + ":runners}" }
+
+// RunnerBeats is the sorted set of runners' last heartbeats (owner → Redis
+// time in ms), in Runners' slot.
+func (s *Space) RunnerBeats() string { return "{" + s.prefix + ":runners}:beats" }
+
 // Events is partition p's pub/sub channel of TaskView changes.
 func (s *Space) Events(p int) string { return s.events[p] }
 

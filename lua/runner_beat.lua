@@ -1,0 +1,22 @@
+-- runner_beat: refresh this runner's presence record (GET /v1/runners) and
+-- drop the records of runners gone longer than the keep time, so the
+-- registry is bounded by the runners of the last hour.
+-- KEYS[1] runners hash (owner → JSON record)
+-- KEYS[2] last beats (sorted set: owner → Redis time in ms)
+-- ARGV[1] owner   ARGV[2] the JSON record   ARGV[3] keep (ms)
+-- returns Redis time in ms (runners read their clock offset from it)
+-- Both keys expire a keep time after the last beat of any runner, so a
+-- deployment with no runners left leaves nothing behind.
+-- Cost per beat: TIME, HSET, ZADD, ZRANGEBYSCORE, PEXPIRE x2 (and HDEL, ZREM
+-- per gone runner dropped); every few seconds per runner, off the hot path.
+local now = now_ms()
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('ZADD', KEYS[2], now, ARGV[1])
+local old = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. (now - tonumber(ARGV[3])))
+for _, owner in ipairs(old) do
+  redis.call('HDEL', KEYS[1], owner)
+  redis.call('ZREM', KEYS[2], owner)
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return now
