@@ -145,11 +145,16 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, ready func
 		log.Info("HTTP API without a token serves only requests addressed to localhost, 127.0.0.1, [::1] or the hosts of http.allowedOrigins; other host names and IPs are answered 403 (set http.token to serve them)",
 			slog.Any("hosts", hosts))
 	}
+	var schedules func(context.Context) ([]triggers.ScheduleStatus, error)
+	if sched != nil {
+		schedules = sched.Status
+	}
 	api := httpapi.New(reg, httpapi.Options{
 		Token: cfg.HTTP.Token, BodyLimit: cfg.HTTP.BodyLimit, Logger: log,
 		Metrics:        promhttp.HandlerFor(promReg, promhttp.HandlerOpts{}),
 		AllowedOrigins: cfg.HTTP.AllowedOrigins, AllowedHosts: hosts,
 		MaxEventClients: cfg.HTTP.MaxEventClients,
+		Schedules:       schedules,
 	})
 	ln, err := net.Listen("tcp", cfg.HTTP.Listen)
 	if err != nil {

@@ -10,7 +10,6 @@ import (
 	"strconv"
 
 	"github.com/tasklease/tasklease/jobs"
-	"github.com/tasklease/tasklease/taskkey"
 	"github.com/tasklease/tasklease/triggers"
 )
 
@@ -96,8 +95,16 @@ func (a *api) history(w http.ResponseWriter, r *http.Request) {
 
 type listResponse struct {
 	Tasks []jobs.TaskView `json:"tasks"`
+	// Total counts every task matching the filter; Offset and Limit are
+	// the page's.
+	Total     int  `json:"total"`
+	Offset    int  `json:"offset"`
+	Limit     int  `json:"limit"`
+	Truncated bool `json:"truncated,omitempty"`
 }
 
+// list answers a page of the task table: ?status=&scope=&subject=
+// &subjectPrefix=&sort=updated|started&limit=&offset=.
 func (a *api) list(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	limit, err := parseLimit(r)
@@ -105,40 +112,30 @@ func (a *api) list(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, r, err)
 		return
 	}
-	opts := jobs.ListOptions{Scope: q.Get("scope"), Subject: q.Get("subject"), Limit: limit}
-	// Validated here rather than left to List: jobs.ParseStatus wraps
-	// jobs.ErrConfig, which is not an input error class this layer can map.
-	if s := q.Get("status"); s != "" {
-		st, err := jobs.ParseStatus(s)
-		if err != nil {
-			a.fail(w, r, badRequestf("invalid status %q (want idle, queued, running, retrying, done, failed or cancelled)", s))
-			return
-		}
-		opts.Status = st
-	}
-	// A malformed scope is bad input (400); a well-formed unknown one is
-	// not found (404), as in the task routes.
-	if opts.Scope != "" {
-		if err := taskkey.ValidateScope(opts.Scope); err != nil {
-			a.fail(w, r, err)
-			return
-		}
-	}
-	if opts.Subject != "" {
-		if err := taskkey.ValidateSubject(opts.Subject); err != nil {
-			a.fail(w, r, err)
-			return
-		}
-	}
-	tasks, err := a.reg.List(r.Context(), opts)
+	opts, err := parseFilter(filterBody{Status: q.Get("status"), Scope: q.Get("scope"), Subject: q.Get("subject"), SubjectPrefix: q.Get("subjectPrefix")})
 	if err != nil {
 		a.fail(w, r, err)
 		return
 	}
-	if tasks == nil {
-		tasks = []jobs.TaskView{}
+	opts.Limit = limit
+	if s := q.Get("offset"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 {
+			a.fail(w, r, badRequestf("invalid offset %q (want 0 or more)", s))
+			return
+		}
+		opts.Offset = n
 	}
-	writeJSON(w, http.StatusOK, listResponse{Tasks: tasks})
+	if opts.Sort, err = jobs.ParseListSort(q.Get("sort")); err != nil {
+		a.fail(w, r, badRequestf("invalid sort %q (want updated or started)", q.Get("sort")))
+		return
+	}
+	page, err := a.reg.ListPage(r.Context(), opts)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, listResponse{Tasks: page.Tasks, Total: page.Total, Offset: page.Offset, Limit: page.Limit, Truncated: page.Truncated})
 }
 
 // foregroundBody is the body of POST /v1/hooks/foreground. Scopes omitted

@@ -20,6 +20,7 @@ import (
 
 	"github.com/tasklease/tasklease/internal/redistest"
 	"github.com/tasklease/tasklease/jobs"
+	"github.com/tasklease/tasklease/triggers"
 )
 
 // taskViewFields are the TaskView field names of DESIGN §5.
@@ -56,6 +57,7 @@ type envOpts struct {
 	allowedOrigins  []string
 	allowedHosts    []string
 	maxEventClients int
+	schedules       func(context.Context) ([]triggers.ScheduleStatus, error)
 }
 
 // testHost is the Host of in-process requests (serve, serveWith):
@@ -98,7 +100,7 @@ func newEnv(t testing.TB, o envOpts) *env {
 	}
 	e.reg = reg
 	opts := Options{Token: o.token, BodyLimit: o.bodyLimit, Logger: logger,
-		AllowedOrigins: o.allowedOrigins, AllowedHosts: o.allowedHosts, MaxEventClients: o.maxEventClients}
+		AllowedOrigins: o.allowedOrigins, AllowedHosts: o.allowedHosts, MaxEventClients: o.maxEventClients, Schedules: o.schedules}
 	if !o.noMetrics {
 		opts.Metrics = promhttp.HandlerFor(preg, promhttp.HandlerOpts{})
 	}

@@ -74,6 +74,7 @@ import (
 
 	"github.com/tasklease/tasklease/jobs"
 	"github.com/tasklease/tasklease/taskkey"
+	"github.com/tasklease/tasklease/triggers"
 )
 
 // Defaults and limits.
@@ -138,6 +139,9 @@ type Options struct {
 	// answered 403 unless Token is set. cmd/runner fills it with the
 	// listen host and the hosts of AllowedOrigins.
 	AllowedHosts []string
+	// Schedules answers GET /v1/schedules (e.g. (*triggers.Scheduler).Status);
+	// nil answers an empty list.
+	Schedules func(ctx context.Context) ([]triggers.ScheduleStatus, error)
 	// MaxEventClients bounds concurrent GET /v1/events streams (default
 	// MaxEventClientsDefault); one more is answered 503 too_many_clients
 	// with Retry-After.
@@ -160,9 +164,11 @@ type api struct {
 	log       *slog.Logger
 	metrics   http.Handler
 	ready     func(context.Context) error
-	set       settings
-	mux       *http.ServeMux
-	guard     *guard
+	// scheduleStatus is Options.Schedules.
+	scheduleStatus func(context.Context) ([]triggers.ScheduleStatus, error)
+	set            settings
+	mux            *http.ServeMux
+	guard          *guard
 	// maxEvents bounds the SSE streams; openEvents counts them.
 	maxEvents  int64
 	openEvents atomic.Int64
@@ -176,15 +182,16 @@ func New(reg *jobs.Registry, opts Options) http.Handler {
 
 func newAPI(reg *jobs.Registry, opts Options, set settings) *api {
 	a := &api{
-		reg:       reg,
-		token:     opts.Token != "",
-		tokenSum:  sha256.Sum256([]byte(opts.Token)),
-		bodyLimit: opts.BodyLimit,
-		log:       opts.Logger,
-		metrics:   opts.Metrics,
-		ready:     opts.Ready,
-		set:       set,
-		mux:       http.NewServeMux(),
+		reg:            reg,
+		token:          opts.Token != "",
+		tokenSum:       sha256.Sum256([]byte(opts.Token)),
+		bodyLimit:      opts.BodyLimit,
+		log:            opts.Logger,
+		metrics:        opts.Metrics,
+		ready:          opts.Ready,
+		scheduleStatus: opts.Schedules,
+		set:            set,
+		mux:            http.NewServeMux(),
 	}
 	if a.bodyLimit <= 0 {
 		a.bodyLimit = BodyLimitDefault
@@ -210,6 +217,12 @@ func newAPI(reg *jobs.Registry, opts Options, set settings) *api {
 	m.HandleFunc("POST /v1/tasks/{subject}/{scope}/cancel", a.cancel)
 	m.HandleFunc("GET /v1/tasks/{subject}/{scope}/history", a.history)
 	m.HandleFunc("GET /v1/tasks", a.list)
+	m.HandleFunc("POST /v1/tasks/cancel", a.cancelMatching)
+	m.HandleFunc("GET /v1/scopes", a.scopes)
+	m.HandleFunc("POST /v1/scopes/{scope}/pause", a.pause)
+	m.HandleFunc("POST /v1/scopes/{scope}/resume", a.resume)
+	m.HandleFunc("GET /v1/runners", a.runners)
+	m.HandleFunc("GET /v1/schedules", a.schedules)
 	m.HandleFunc("POST /v1/hooks/foreground", a.foreground)
 	m.HandleFunc("GET "+eventsPath, a.events)
 	m.HandleFunc("GET /healthz", a.healthz)

@@ -207,7 +207,7 @@ func TestList(t *testing.T) {
 	e := newEnv(t, envOpts{})
 	r := e.do("GET", "/v1/tasks", "")
 	mustStatus(t, r, http.StatusOK, "")
-	if string(r.raw) != "{\"tasks\":[]}\n" {
+	if string(r.raw) != "{\"tasks\":[],\"total\":0,\"offset\":0,\"limit\":100}\n" {
 		t.Fatalf("empty list: %s", r.raw)
 	}
 	e.do("POST", "/v1/tasks/u1/course_sync/runs", "")
@@ -237,6 +237,10 @@ func TestList(t *testing.T) {
 		{"?subject=u2&scope=course_sync", []string{"u2|course_sync"}},
 		{"?subject=u9&scope=course_sync", nil},
 		{"?limit=1000", []string{"u1|backup", "u1|course_sync", "u2|course_sync"}},
+		{"?subjectPrefix=u", []string{"u1|backup", "u1|course_sync", "u2|course_sync"}},
+		{"?subjectPrefix=u2", []string{"u2|course_sync"}},
+		{"?sort=started&scope=backup", []string{"u1|backup"}},
+		{"?offset=3", nil},
 	} {
 		if got := keysOf(e.do("GET", "/v1/tasks"+tc.query, "")); !slices.Equal(got, tc.want) {
 			t.Errorf("list%s = %v, want %v", tc.query, got, tc.want)
