@@ -96,7 +96,7 @@ func cmdClient(ctx context.Context, cmd string, args []string, stdout, stderr io
 	fs.SetOutput(stderr)
 	server := fs.String("server", serverDefault, "runner HTTP API base URL")
 	asJSON := fs.Bool("json", false, "print the API's JSON")
-	var source, policy, status, scope, subject *string
+	var source, policy, status, scope, subject, prefix *string
 	var wait *bool
 	var limit *int
 	switch cmd {
@@ -108,6 +108,7 @@ func cmdClient(ctx context.Context, cmd string, args []string, stdout, stderr io
 		status = fs.String("status", "", "filter by status")
 		scope = fs.String("scope", "", "filter by scope")
 		subject = fs.String("subject", "", "filter by subject")
+		prefix = fs.String("prefix", "", "filter by subject prefix")
 		limit = fs.Int("limit", 0, "at most this many tasks")
 	case "history":
 		limit = fs.Int("limit", 0, "at most this many events")
@@ -116,14 +117,13 @@ func cmdClient(ctx context.Context, cmd string, args []string, stdout, stderr io
 	if err != nil {
 		return err
 	}
-	want := 2
-	if cmd == "tasks" {
-		want = 0
-	}
-	if len(pos) != want {
-		if want == 0 {
-			return fail(exitUsage, "%s takes no arguments, got %q", cmd, pos)
-		}
+	switch want := argsWanted(cmd); {
+	case len(pos) == want:
+	case want == 0:
+		return fail(exitUsage, "%s takes no arguments, got %q", cmd, pos)
+	case want == 1:
+		return fail(exitUsage, "%s wants one argument (SCOPE), got %d", cmd, len(pos))
+	default:
 		return fail(exitUsage, "%s wants %d arguments (SUBJECT SCOPE), got %d", cmd, want, len(pos))
 	}
 	if u, err := url.Parse(*server); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -173,7 +173,7 @@ func cmdClient(ctx context.Context, cmd string, args []string, stdout, stderr io
 		print(v, func() { fmt.Fprintln(stdout, describe(v)) })
 	case "tasks":
 		q := url.Values{}
-		for k, v := range map[string]string{"status": *status, "scope": *scope, "subject": *subject} {
+		for k, v := range map[string]string{"status": *status, "scope": *scope, "subject": *subject, "subjectPrefix": *prefix} {
 			if v != "" {
 				q.Set(k, v)
 			}
@@ -216,6 +216,8 @@ func cmdClient(ctx context.Context, cmd string, args []string, stdout, stderr io
 			return err
 		}
 		print(out, func() { fmt.Fprintln(stdout, out.Outcome) })
+	default:
+		return c.console(ctx, cmd, pos, print, stdout)
 	}
 	return nil
 }

@@ -47,9 +47,14 @@ commands:
   validate  --config FILE                                   check a config; exit 0, or list every problem and exit 2
   submit    SUBJECT SCOPE [--source S] [--policy P] [--wait] submit a run (--wait follows it until it ends)
   status    SUBJECT SCOPE                                   show a task
-  tasks     [--status S] [--scope S] [--subject S] [--limit N]
+  tasks     [--status S] [--scope S] [--subject S] [--prefix P] [--limit N]
   history   SUBJECT SCOPE [--limit N]
   cancel    SUBJECT SCOPE
+  scopes                                                    per job: paused, counts by status, finished in the last hour
+  pause     SCOPE                                           stop claiming the scope's runs (requests still queue)
+  resume    SCOPE                                           claim them again; re-queue what waited
+  runners                                                   live and recently gone runners
+  schedules                                                 next occurrence, last fan-out, leader
 
 client commands take --server URL (default http://127.0.0.1:8080) and read the token from TASKLEASE_TOKEN.
 exit codes: 0 ok, 1 run failed, 2 bad usage or config, 3 Redis or server unreachable.
@@ -79,7 +84,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cmdServe(ctx, rest, stdout, stderr)
 	case "validate":
 		err = cmdValidate(rest, stdout, stderr)
-	case "submit", "status", "tasks", "history", "cancel":
+	case "submit", "status", "tasks", "history", "cancel", "scopes", "pause", "resume", "runners", "schedules":
 		err = cmdClient(ctx, cmd, rest, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
