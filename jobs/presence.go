@@ -126,11 +126,15 @@ func (r *Runner) countFinished(scope, result string) {
 
 // record renders the presence record, dropping counts older than an hour.
 func (p *presence) record(r *Runner) ([]byte, error) {
+	// Runs claimed or executing here: slots also count reads in flight.
+	r.mu.Lock()
+	active := len(r.active)
+	r.mu.Unlock()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := time.Now().Add(p.offset)
 	info := RunnerInfo{Owner: r.owner, ID: r.cfg.ID, Version: p.version, Concurrency: r.cfg.Concurrency,
-		Active: len(r.slots), StartedAt: p.started.Add(p.offset).UTC(), IntervalSeconds: p.interval.Seconds()}
+		Active: active, StartedAt: p.started.Add(p.offset).UTC(), IntervalSeconds: p.interval.Seconds()}
 	if p.stopped {
 		t := now.UTC()
 		info.StoppedAt = &t

@@ -4,10 +4,14 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/tasklease/tasklease/jobs"
 )
+
+// demoFailPrefix: demo runs of subjects starting with it fail.
+const demoFailPrefix = "fail"
 
 // demoHalfway is the progress cursor a demo stage saves halfway through.
 const demoHalfway = "halfway"
@@ -18,7 +22,8 @@ const demoHalfway = "halfway"
 // visibly skips its first half. course_sync and message_sync are
 // foreground jobs; all use the join policy, no minInterval and 3 attempts.
 // `runner serve` registers them when no jobs are configured, so a fresh
-// machine shows the whole system.
+// machine shows the whole system. A subject starting with "fail" fails at
+// pushing, permanently (no retries), so failures and Retry can be shown too.
 func DemoJobs() []jobs.Job {
 	mk := func(scope string, foreground bool) jobs.Job {
 		return jobs.Job{
@@ -47,6 +52,12 @@ func DemoJobs() []jobs.Job {
 // demoStage sleeps 1–2 s in two halves with a fenced SaveProgress between
 // them; after a takeover at the halfway cursor only the second half runs.
 func demoStage(ctx context.Context, run *jobs.Run) error {
+	if run.Stage() == "pushing" && strings.HasPrefix(run.Subject(), demoFailPrefix) {
+		if err := sleepCtx(ctx, 300*time.Millisecond); err != nil {
+			return err
+		}
+		return jobs.Permanent(fmt.Errorf("demo: subjects starting with %q fail at pushing", demoFailPrefix))
+	}
 	total := time.Second + rand.N(time.Second)
 	half := total / 2
 	if string(run.Cursor()) != demoHalfway {

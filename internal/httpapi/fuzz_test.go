@@ -173,3 +173,33 @@ func validPolicy(s string) bool {
 	_, err := jobs.ParsePolicy(s)
 	return err == nil
 }
+
+// FuzzTaskFilter: the console's task filter, as GET /v1/tasks query and as
+// the body of POST /v1/tasks/cancel (a dry run, so Redis never changes).
+func FuzzTaskFilter(f *testing.F) {
+	for _, s := range [][5]string{
+		{"", "", "", "", ""}, {"running", "course_sync", "u", "updated", "0"}, {"done", "backup", "", "started", "50"},
+		{"nope", "", "", "", ""}, {"", "Bad", "", "", ""}, {"", "nope", "", "", ""}, {"", "", "a b", "", ""},
+		{"", "", "", "oldest", ""}, {"", "", "", "", "-1"}, {"", "", "", "", "x"}, {"", "", "\x00", "", "1e3"},
+		{"queued", "", strings.Repeat("a", 129), "", "99999999999999999999"},
+	} {
+		f.Add(s[0], s[1], s[2], s[3], s[4])
+	}
+	e := newEnv(f, envOpts{noServer: true, noMetrics: true})
+	e.serve("POST", "/v1/tasks/u1/course_sync/runs", nil)
+	f.Fuzz(func(t *testing.T, status, scope, prefix, sort, offset string) {
+		q := url.Values{"status": {status}, "scope": {scope}, "subjectPrefix": {prefix}, "sort": {sort}, "offset": {offset}}
+		w := e.serve("GET", "/v1/tasks?"+q.Encode(), nil)
+		checkAnswer(t, w.Code, w.Body.Bytes(), http.StatusOK, http.StatusBadRequest, http.StatusNotFound)
+		body, err := json.Marshal(map[string]any{"status": status, "scope": scope, "subjectPrefix": prefix, "dryRun": true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := e.keys()
+		w = e.serve("POST", "/v1/tasks/cancel", body)
+		checkAnswer(t, w.Code, w.Body.Bytes(), http.StatusOK, http.StatusBadRequest, http.StatusNotFound)
+		if after := e.keys(); !slices.Equal(before, after) {
+			t.Fatalf("a dry run changed redis (%d)", w.Code)
+		}
+	})
+}
