@@ -19,7 +19,7 @@ import (
 // registry (GET /v1/runners).
 const (
 	// PresenceIntervalDefault is how often a runner refreshes its record.
-	PresenceIntervalDefault = 5 * time.Second
+	PresenceIntervalDefault = 2 * time.Second
 	// presenceMissed is how many refreshes a runner may miss before it is
 	// shown gone.
 	presenceMissed = 3
