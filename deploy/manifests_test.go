@@ -362,9 +362,25 @@ func TestDockerCompose(t *testing.T) {
 			Environment     map[string]string `yaml:"environment"`
 			Ports           []string          `yaml:"ports"`
 			StopGracePeriod string            `yaml:"stop_grace_period"`
+			Entrypoint      []string          `yaml:"entrypoint"`
+			Volumes         []string          `yaml:"volumes"`
 		} `yaml:"services"`
 	}
 	readYAML(t, "../docker-compose.yml", &dc)
+	// The fence-guarded demo downstream, and the runners' config that
+	// pushes to it.
+	ds, ok := dc.Services["downstream"]
+	if !ok || !slices.Equal(ds.Entrypoint, []string{"fencedemo"}) {
+		t.Fatalf("docker-compose: want a downstream service running fencedemo, got %+v", ds)
+	}
+	dsListen := flagValue(ds.Command, "--listen")
+	if _, err := os.Stat("../cmd/fencedemo/main.go"); err != nil || !strings.HasPrefix(dsListen, "0.0.0.0:") {
+		t.Errorf("downstream: --listen %q (want 0.0.0.0:<port>), cmd/fencedemo: %v", dsListen, err)
+	}
+	dockerfile, _ := os.ReadFile("../Dockerfile")
+	if !bytes.Contains(dockerfile, []byte("./cmd/fencedemo")) {
+		t.Error("the Dockerfile does not build cmd/fencedemo, which the downstream service runs")
+	}
 	if s, ok := dc.Services["redis"]; !ok || !strings.HasPrefix(s.Image, "redis:") {
 		t.Error("docker-compose: want a redis service")
 	}
@@ -380,7 +396,28 @@ func TestDockerCompose(t *testing.T) {
 			continue
 		}
 		runners = append(runners, name)
-		_, port := checkServeArgs(t, name, s.Command)
+		cfgPath, port := checkServeArgs(t, name, s.Command)
+		var mounted string
+		for _, v := range s.Volumes {
+			if src, dst, _ := strings.Cut(strings.TrimSuffix(v, ":ro"), ":"); dst == cfgPath {
+				mounted = src
+			}
+		}
+		if mounted == "" {
+			t.Fatalf("%s: --config %s is not a mounted file (volumes %v)", name, cfgPath, s.Volumes)
+		}
+		text, err := os.ReadFile(filepath.Join("..", mounted))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rc, err := config.Parse(text)
+		if err != nil {
+			t.Fatalf("%s: its config %s: %v", name, mounted, err)
+		}
+		if !bytes.Contains(text, []byte(`url: "http://downstream:`+strings.TrimPrefix(dsListen, "0.0.0.0:")+`/push"`)) {
+			t.Errorf("%s: %s has no http stage pushing to the downstream service (http://downstream:%s/push)", name, mounted, strings.TrimPrefix(dsListen, "0.0.0.0:"))
+		}
+		cfg = rc
 		if flagValue(s.Command, "--redis") != "redis://redis:6379/0" {
 			t.Errorf("%s: --redis %q, want the compose redis service", name, flagValue(s.Command, "--redis"))
 		}
