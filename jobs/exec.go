@@ -191,7 +191,7 @@ func (e *ExecStage) RunStage(ctx context.Context, run *Run) error {
 	if sv == nil {
 		cmd.Dir = e.Dir // the supervisor gets --dir
 	}
-	cmd.Env = execEnv(e.Env, run)
+	cmd.Env = execEnv(ctx, e.Env, run)
 	stdout, stderr := []io.Writer{}, []io.Writer{tail}
 	if e.Stdout != nil {
 		stdout = append(stdout, e.Stdout)
@@ -321,7 +321,7 @@ func permanentStartError(err error) bool {
 }
 
 // execEnv builds the command's environment.
-func execEnv(extra []string, run *Run) []string {
+func execEnv(ctx context.Context, extra []string, run *Run) []string {
 	resumed := "0"
 	if run.Resumed() {
 		resumed = "1"
@@ -331,6 +331,9 @@ func execEnv(extra []string, run *Run) []string {
 		cursor = base64.StdEncoding.EncodeToString(c)
 	}
 	env := append(os.Environ(), extra...)
+	if tp := traceparent(ctx); tp != "" { // the stage's span, when tracing is on
+		env = append(env, "TRACEPARENT="+tp)
+	}
 	// Appended last: exec keeps the last value of a duplicate key, so the
 	// run's identity cannot be overridden by Env or the runner's environment.
 	return append(env,

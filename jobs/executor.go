@@ -96,6 +96,9 @@ func (r *Runner) execute(lr *localRun, c claimResult, readNext bool) []entry {
 	lease := leasing.Lease{Key: k, Owner: r.owner, Token: c.token, TTL: c.ttl, GrantedAt: c.sent}
 	log := r.log.With(slog.String("task_key", k.String()), slog.String("run_id", runID),
 		slog.String("source", string(source)), slog.Int("attempt", c.attempt), slog.Int64("fencing_token", lease.Token))
+	runCtx, span := r.startRunSpan(runCtx, k, runID, c)
+	result, stageErr := "", error(nil)
+	defer func() { span.end(r, k, runID, result, stageErr) }()
 	m := r.reg.metrics
 	m.leaseGrants.WithLabelValues(k.Scope()).Inc()
 	m.active.Inc()
@@ -136,7 +139,8 @@ func (r *Runner) execute(lr *localRun, c claimResult, readNext bool) []entry {
 		lease: lease, recovery: rec, stages: c.stages, cursor: rec.Cursor,
 		stopBy: lease.TTL / 3, store: r.reg.store, leases: r.reg.leases}
 
-	result, completed, stageErr := resultDone, "", error(nil)
+	result = resultDone
+	completed := ""
 	for i := rec.StageIndex; i < len(c.stages); i++ {
 		if kctx.Err() != nil { // cancelled, shut down or lease lost since the last stage
 			result, stageErr = r.classify(kctx, context.Cause(kctx))
@@ -182,6 +186,7 @@ func (r *Runner) execute(lr *localRun, c claimResult, readNext bool) []entry {
 	}
 
 	if result == "" { // lease lost: nothing may be written
+		result = "lease-lost"
 		m.leaseLosses.WithLabelValues(k.Scope()).Inc()
 		log.Warn("lease lost; stopped without writing", slog.String("stage", run.stage), slog.Any("error", keeper.Err()))
 		return nil
@@ -216,6 +221,8 @@ func (r *Runner) runStage(kctx context.Context, st *Stage, run *Run, log *slog.L
 		r.reg.metrics.stageDuration.WithLabelValues(run.Scope(), st.Name, res).Observe(time.Since(start).Seconds())
 		log.Debug("stage", slog.String("stage", st.Name), slog.String("outcome", res), slog.Any("error", err))
 	}()
+	sctx, span := r.startStageSpan(sctx, st.Name)
+	defer func() { endStageSpan(span, err) }()
 	err = st.Handler.RunStage(sctx, run)
 	if err == nil && sctx.Err() != nil && kctx.Err() == nil {
 		err = context.Cause(sctx) // a timed-out stage that returned nil did not finish in time

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"go.opentelemetry.io/otel/propagation"
 )
 
 // HTTPTimeoutDefault is the request timeout of HTTPStage's default client.
@@ -127,6 +129,7 @@ func (h *HTTPStage) RunStage(ctx context.Context, run *Run) error {
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(HTTPFencingTokenHeader, strconv.FormatInt(run.FencingToken(), 10))
 	req.Header.Set(HTTPKeyHeader, run.Key().String())
+	traceContext.Inject(ctx, propagation.HeaderCarrier(req.Header)) // traceparent, when tracing is on
 
 	client := h.Client
 	if client == nil {

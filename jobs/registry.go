@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tasklease/tasklease/checkpoints"
 	"github.com/tasklease/tasklease/internal/groupcommit"
@@ -53,6 +54,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics, when set, receives tasklease's Prometheus collectors.
 	Metrics prometheus.Registerer
+	// TracerProvider, when set, turns tracing on (see tracing.go): spans
+	// for submits, runs (linked to their requests) and stages.
+	TracerProvider trace.TracerProvider
 }
 
 // Registry is the one place every trigger goes through: it records
@@ -79,7 +83,8 @@ type Registry struct {
 	leases     *leasing.Manager
 	store      *checkpoints.Store
 	scripts    scripts
-	hub        *hub // the one pub/sub connection of this Registry
+	hub        *hub         // the one pub/sub connection of this Registry
+	tracer     trace.Tracer // nil: tracing off
 }
 
 // isCluster reports whether rdb is a Redis Cluster client.
@@ -159,6 +164,9 @@ func NewRegistry(rdb redis.UniversalClient, cfg Config) (*Registry, error) {
 			}
 			return gc.FunctionsLoaded(ctx), nil
 		}
+	}
+	if cfg.TracerProvider != nil {
+		r.tracer = cfg.TracerProvider.Tracer(tracerName)
 	}
 	r.submits = groupcommit.NewCombiner(submitsInFlight, submitBatchMax, r.flushSubmits)
 	for i := range cfg.Jobs {
@@ -259,6 +267,14 @@ func (r *Registry) Submit(ctx context.Context, subject, scope string, opts Submi
 	if _, err := ParsePolicy(string(opts.Policy)); err != nil {
 		return SubmitResult{}, err
 	}
+	ctx, span := r.startSubmitSpan(ctx, k, opts.Source)
+	out, err := r.submit(ctx, k, job, subject, opts)
+	r.endSubmitSpan(ctx, span, k, out, err)
+	return out, err
+}
+
+func (r *Registry) submit(ctx context.Context, k taskkey.Key, job *Job, subject string, opts SubmitOptions) (SubmitResult, error) {
+	scope := k.Scope()
 	req := &submitReq{k: k, p: r.ks.Partition(k), subject: subject, source: opts.Source, policy: opts.Policy,
 		runID: newRunID(), stages: r.stagesCSV[scope], maxAttempts: job.Retry.MaxAttempts,
 		minInterval: job.MinInterval.Milliseconds()}

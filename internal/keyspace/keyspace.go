@@ -187,6 +187,13 @@ func (s *Space) Runners() string { return "{" + s.prefix + ":runners}" }
 // time in ms), in Runners' slot.
 func (s *Space) RunnerBeats() string { return "{" + s.prefix + ":runners}:beats" }
 
+// Links is the list of W3C trace contexts of the requests that started or
+// joined run runID of k (written only when tracing is on; expires with the
+// retention).
+func (s *Space) Links(k taskkey.Key, runID string) string {
+	return s.taskKey("links", k) + "|" + runID
+}
+
 // Events is partition p's pub/sub channel of TaskView changes.
 func (s *Space) Events(p int) string { return s.events[p] }
 

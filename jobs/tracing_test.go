@@ -1,0 +1,145 @@
+package jobs
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/tasklease/tasklease/internal/redistest"
+)
+
+// A manual submit starts a run and a foreground request joins it while it
+// executes: the one run's span links both submit spans (their contexts
+// travelled through Redis), its stages are child spans, and the HTTP and
+// exec stages receive the stage span's trace context.
+func TestTracingLinksEveryMergedRequestToTheRun(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			rec := tracetest.NewSpanRecorder()
+			tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+			t.Cleanup(func() { _ = tp.Shutdown(ctx) })
+
+			var mu sync.Mutex
+			var gotHeader string
+			downstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				mu.Lock()
+				gotHeader = r.Header.Get("traceparent")
+				mu.Unlock()
+			}))
+			t.Cleanup(downstream.Close)
+			envFile := filepath.Join(t.TempDir(), "traceparent")
+			g := newGate()
+			e := newEnv(t, b.Client, Config{Prefix: "tr", Partitions: 2, TracerProvider: tp, Jobs: []Job{clJob("traced",
+				Stage{Name: "held", Handler: g},
+				Stage{Name: "pushing", Handler: &HTTPStage{URL: downstream.URL}},
+				Stage{Name: "exec", Handler: &ExecStage{Command: []string{"sh", "-c", `printf %s "$TRACEPARENT" > "$OUT"`}, Env: []string{"OUT=" + envFile}}},
+			)}})
+			e.startRunner(RunnerConfig{ID: "tr"})
+
+			// Each request comes with its caller's span, as from an instrumented HTTP API.
+			caller := tp.Tracer("test")
+			mctx, manual := caller.Start(ctx, "tap sync now")
+			res, err := e.reg.Submit(mctx, "u42", "traced", SubmitOptions{Source: SourceManual})
+			manual.End()
+			if err != nil || res.Outcome != OutcomeStarted {
+				t.Fatalf("manual: %+v %v", res.Outcome, err)
+			}
+			waitFor(t, 10*time.Second, "the run to execute", func() bool { return g.count() == 1 })
+			fctx, fg := caller.Start(ctx, "app foreground")
+			res2, err := e.reg.Submit(fctx, "u42", "traced", SubmitOptions{Source: SourceForeground})
+			fg.End()
+			if err != nil || res2.Outcome != OutcomeJoined || res2.Task.RunID != res.Task.RunID {
+				t.Fatalf("foreground: %+v %v", res2.Outcome, err)
+			}
+			g.open()
+			e.waitStatus("u42", "traced", 10*time.Second, StatusDone)
+
+			var submits, runs, stages []sdktrace.ReadOnlySpan
+			waitFor(t, 10*time.Second, "the run span to end", func() bool {
+				submits, runs, stages = nil, nil, nil
+				for _, s := range rec.Ended() {
+					switch {
+					case s.Name() == "tasklease.submit":
+						submits = append(submits, s)
+					case s.Name() == "tasklease.run":
+						runs = append(runs, s)
+					case strings.HasPrefix(s.Name(), "tasklease.stage "):
+						stages = append(stages, s)
+					}
+				}
+				return len(runs) == 1
+			})
+			if len(submits) != 2 {
+				t.Fatalf("%d submit spans, want 2", len(submits))
+			}
+			run := runs[0]
+			linked := map[trace.SpanID]bool{}
+			for _, l := range run.Links() {
+				linked[l.SpanContext.SpanID()] = true
+			}
+			for _, s := range submits {
+				if !linked[s.SpanContext().SpanID()] {
+					t.Errorf("the run's span does not link submit span %s (source %v); links %v", s.SpanContext().SpanID(), s.Attributes(), run.Links())
+				}
+				if s.Parent().SpanID() != manual.SpanContext().SpanID() && s.Parent().SpanID() != fg.SpanContext().SpanID() {
+					t.Errorf("submit span not a child of its caller's span")
+				}
+			}
+			if len(stages) != 3 {
+				t.Fatalf("%d stage spans, want 3", len(stages))
+			}
+			byName := map[string]sdktrace.ReadOnlySpan{}
+			for _, s := range stages {
+				if s.Parent().SpanID() != run.SpanContext().SpanID() {
+					t.Errorf("stage span %s is not a child of the run's", s.Name())
+				}
+				byName[s.Name()] = s
+			}
+			want := func(what, tp string, stage sdktrace.ReadOnlySpan) {
+				t.Helper()
+				sc := spanContextOf(tp)
+				if stage == nil || !sc.IsValid() || sc.SpanID() != stage.SpanContext().SpanID() || sc.TraceID() != run.SpanContext().TraceID() {
+					t.Errorf("%s: traceparent %q, want the stage span's context", what, tp)
+				}
+			}
+			mu.Lock()
+			want("http stage header", gotHeader, byName["tasklease.stage pushing"])
+			mu.Unlock()
+			b, err := os.ReadFile(envFile)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want("exec stage TRACEPARENT", string(b), byName["tasklease.stage exec"])
+			for _, kv := range run.Attributes() {
+				if kv.Key == attrFencingToken && kv.Value.AsInt64() <= 0 {
+					t.Errorf("run span token %v", kv.Value)
+				}
+			}
+		})
+	}
+}
+
+// Off (no TracerProvider), tracing writes nothing to Redis and stages get
+// no trace context.
+func TestTracingOffWritesNothing(t *testing.T) {
+	mini := redistest.StartMini(t)
+	rdb := mini.Client(t)
+	e := newEnv(t, rdb, Config{Prefix: "tro", Partitions: 1, Jobs: []Job{clJob("plain", Stage{Name: "only", Handler: &counter{}})}})
+	e.startRunner(RunnerConfig{ID: "tro"})
+	clSubmit(t, e.reg, "u1", "plain", SourceManual, "")
+	e.waitStatus("u1", "plain", 10*time.Second, StatusDone)
+	if keys := mini.Keys(); strings.Contains(strings.Join(keys, " "), ":links:") {
+		t.Fatalf("links written with tracing off: %v", keys)
+	}
+}
