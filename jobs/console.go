@@ -285,7 +285,7 @@ func (r *Registry) Overview(ctx context.Context) (Overview, error) {
 	if err != nil {
 		return Overview{}, err
 	}
-	ov := Overview{Queue: QueueDepths{Stream: stream, Retry: retry}, CountsTruncated: truncated, At: now.UTC()}
+	ov := Overview{Scopes: make([]ScopeSummary, 0, len(r.scopes)), Queue: QueueDepths{Stream: stream, Retry: retry}, CountsTruncated: truncated, At: now.UTC()}
 	byScope := make(map[string]*ScopeSummary, len(r.scopes))
 	nowMin := now.Unix() / 60 * 60
 	for _, scope := range r.scopes {

@@ -83,13 +83,13 @@ type presenceBucket struct {
 
 func newPresence(interval time.Duration, version string) *presence {
 	if version == "" {
-		version = buildVersion()
+		version = BuildVersion()
 	}
 	return &presence{started: time.Now(), counts: map[presenceBucket]*[2]int{}, version: version, interval: interval}
 }
 
-// buildVersion is the main module's version from the build info.
-func buildVersion() string {
+// BuildVersion is the main module's version from the build info.
+func BuildVersion() string {
 	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
 		return bi.Main.Version
 	}

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -19,9 +20,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tasklease/tasklease/internal/config"
 	"github.com/tasklease/tasklease/internal/httpapi"
+	"github.com/tasklease/tasklease/internal/tracing"
 	"github.com/tasklease/tasklease/jobs"
 	"github.com/tasklease/tasklease/triggers"
 )
@@ -111,6 +114,22 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, ready func
 	promReg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	rc := cfg.RegistryConfig()
 	rc.Jobs, rc.Logger, rc.Metrics = jobList, log, promReg
+	var tp trace.TracerProvider
+	if cfg.TracingOn(os.Getenv) {
+		p, err := tracing.Provider(ctx, cfg.Tracing.ServiceName, jobs.BuildVersion(), cfg.Runner.ID)
+		if err != nil {
+			return fail(exitUsage, "%w", err)
+		}
+		defer func() { // flush the last spans
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if err := p.Shutdown(sctx); err != nil {
+				log.Warn("tracing: flushing spans failed", slog.Any("error", err))
+			}
+		}()
+		tp, rc.TracerProvider = p, p
+		log.Info("tracing on: spans are exported with OTLP/HTTP (OTEL_EXPORTER_OTLP_ENDPOINT)")
+	}
 	reg, err := jobs.NewRegistry(rdb, rc)
 	if err != nil {
 		return fail(exitUsage, "%w", err)
@@ -155,6 +174,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, ready func
 		AllowedOrigins: cfg.HTTP.AllowedOrigins, AllowedHosts: hosts,
 		MaxEventClients: cfg.HTTP.MaxEventClients,
 		Schedules:       schedules,
+		TracerProvider:  tp,
 	})
 	ln, err := net.Listen("tcp", cfg.HTTP.Listen)
 	if err != nil {

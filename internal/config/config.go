@@ -53,6 +53,8 @@ type Config struct {
 	HTTP HTTP `yaml:"http"`
 	// Log output.
 	Log Log `yaml:"log"`
+	// Tracing (OpenTelemetry), off by default.
+	Tracing Tracing `yaml:"tracing"`
 	// Retention of finished runs and their history (default 168h).
 	Retention Duration `yaml:"retention"`
 	// HistoryCap bounds each task's history (default 200 events).
@@ -135,6 +137,30 @@ type Log struct {
 	Level string `yaml:"level"`
 	// Format: text or json (default text).
 	Format string `yaml:"format"`
+}
+
+// Tracing configures OpenTelemetry tracing: spans for submits, runs
+// (linked to their requests), stages and the HTTP API, exported with OTLP
+// over HTTP to the endpoint of the standard OTEL_EXPORTER_OTLP_* variables
+// (default http://localhost:4318).
+type Tracing struct {
+	// Enabled turns tracing on. It is also on when OTEL_TRACES_EXPORTER is
+	// otlp or an OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set, and off when
+	// OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none.
+	Enabled bool `yaml:"enabled"`
+	// ServiceName is the service.name of the spans (default tasklease;
+	// OTEL_SERVICE_NAME wins).
+	ServiceName string `yaml:"serviceName"`
+}
+
+// TracingOn decides whether tracing is on, from the config and the
+// standard OpenTelemetry variables read through getenv.
+func (c *Config) TracingOn(getenv func(string) string) bool {
+	if strings.EqualFold(getenv("OTEL_SDK_DISABLED"), "true") || getenv("OTEL_TRACES_EXPORTER") == "none" {
+		return false
+	}
+	return c.Tracing.Enabled || getenv("OTEL_TRACES_EXPORTER") == "otlp" ||
+		getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != ""
 }
 
 // Job configures one scope.

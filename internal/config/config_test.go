@@ -953,3 +953,47 @@ func TestTagsComplete(t *testing.T) {
 		}
 	}
 }
+
+func TestTracingOn(t *testing.T) {
+	env := func(kv ...string) func(string) string {
+		return func(k string) string {
+			for i := 0; i+1 < len(kv); i += 2 {
+				if kv[i] == k {
+					return kv[i+1]
+				}
+			}
+			return ""
+		}
+	}
+	on, err := Parse([]byte("tracing: {enabled: true, serviceName: svc}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	off, err := Parse([]byte("log: {level: info}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		c    *Config
+		env  func(string) string
+		want bool
+	}{
+		{on, env(), true},
+		{off, env(), false},
+		{off, env("OTEL_TRACES_EXPORTER", "otlp"), true},
+		{off, env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318"), true},
+		{off, env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://collector:4318/v1/traces"), true},
+		{on, env("OTEL_SDK_DISABLED", "true"), false},
+		{on, env("OTEL_TRACES_EXPORTER", "none"), false},
+	} {
+		if got := tc.c.TracingOn(tc.env); got != tc.want {
+			t.Errorf("enabled=%v env: TracingOn = %v, want %v", tc.c.Tracing.Enabled, got, tc.want)
+		}
+	}
+	if on.Tracing.ServiceName != "svc" {
+		t.Errorf("serviceName %q", on.Tracing.ServiceName)
+	}
+	if _, err := Parse([]byte("tracing: {enabeld: true}\n")); err == nil {
+		t.Error("a misspelt tracing key was accepted")
+	}
+}

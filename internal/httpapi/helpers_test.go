@@ -47,6 +47,11 @@ type env struct {
 
 	mu      sync.Mutex
 	release chan struct{} // closed: stages finish at once
+
+	// Mismatches with openapi.json found in fuzz targets, reported when
+	// the *testing.F ends (checkSpec, openapi_test.go).
+	specMu   sync.Mutex
+	specLate []string
 }
 
 type envOpts struct {
@@ -68,6 +73,9 @@ const testHost = "127.0.0.1:8080"
 func newEnv(t testing.TB, o envOpts) *env {
 	t.Helper()
 	e := &env{t: t, mini: redistest.StartMini(t), logs: &logSink{}, release: make(chan struct{})}
+	if f, ok := t.(*testing.F); ok {
+		f.Cleanup(func() { e.reportLateSpec(f) })
+	}
 	logger := slog.New(e.logs)
 	if os.Getenv("TASKLEASE_TEST_LOG") != "" {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -191,6 +199,8 @@ func (e *env) do(method, path, body string, hdr ...string) response {
 			e.t.Fatal(err)
 		}
 	}
+	// Every answer must match openapi.json (an event stream's body is not read).
+	e.checkSpec(req, res.StatusCode, res.Header, raw)
 	r := response{status: res.StatusCode, header: res.Header, raw: raw}
 	if strings.HasPrefix(res.Header.Get("Content-Type"), "application/json") {
 		dec := json.NewDecoder(bytes.NewReader(raw))
@@ -220,14 +230,18 @@ func newRequest(method, target string, body []byte) *http.Request {
 // serve calls the handler in-process (fuzzing: no sockets).
 func (e *env) serve(method, target string, body []byte) *httptest.ResponseRecorder {
 	w := httptest.NewRecorder()
-	e.h.ServeHTTP(w, newRequest(method, target, body))
+	req := newRequest(method, target, body)
+	e.h.ServeHTTP(w, req)
+	e.checkSpec(req, w.Code, w.Result().Header, w.Body.Bytes()) // must match openapi.json
 	return w
 }
 
 // serveWith calls another handler in-process.
 func (e *env) serveWith(h http.Handler, method, target string) *httptest.ResponseRecorder {
 	w := httptest.NewRecorder()
-	h.ServeHTTP(w, newRequest(method, target, nil))
+	req := newRequest(method, target, nil)
+	h.ServeHTTP(w, req)
+	e.checkSpec(req, w.Code, w.Result().Header, w.Body.Bytes()) // must match openapi.json
 	return w
 }
 

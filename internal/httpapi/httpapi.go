@@ -72,6 +72,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/tasklease/tasklease/jobs"
 	"github.com/tasklease/tasklease/taskkey"
 	"github.com/tasklease/tasklease/triggers"
@@ -139,6 +143,10 @@ type Options struct {
 	// answered 403 unless Token is set. cmd/runner fills it with the
 	// listen host and the hosts of AllowedOrigins.
 	AllowedHosts []string
+	// TracerProvider, when set, traces every request (otelhttp): a server
+	// span per request, continuing a W3C traceparent the caller sent, so a
+	// submit's span is its child.
+	TracerProvider trace.TracerProvider
 	// Schedules answers GET /v1/schedules (e.g. (*triggers.Scheduler).Status);
 	// nil answers an empty list.
 	Schedules func(ctx context.Context) ([]triggers.ScheduleStatus, error)
@@ -177,7 +185,24 @@ type api struct {
 // New returns the HTTP handler of the API v1, the SSE feed, the probes,
 // the metrics endpoint and the dashboard, all backed by reg.
 func New(reg *jobs.Registry, opts Options) http.Handler {
-	return newAPI(reg, opts, settings{keepAlive: KeepAliveInterval, requestTimeout: RequestTimeout, writeGrace: writeGrace})
+	a := newAPI(reg, opts, settings{keepAlive: KeepAliveInterval, requestTimeout: RequestTimeout, writeGrace: writeGrace})
+	return traced(a, opts.TracerProvider)
+}
+
+// traced wraps h in otelhttp when tp is set. Spans are named by the route
+// pattern ("POST /v1/tasks/{subject}/{scope}/runs"), never by the path.
+func traced(a *api, tp trace.TracerProvider) http.Handler {
+	if tp == nil {
+		return a
+	}
+	return otelhttp.NewHandler(a, "tasklease.api", otelhttp.WithTracerProvider(tp),
+		otelhttp.WithPropagators(propagation.TraceContext{}),
+		otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string {
+			if _, pattern := a.mux.Handler(r); pattern != "" {
+				return pattern
+			}
+			return r.Method + " (unknown route)"
+		}))
 }
 
 func newAPI(reg *jobs.Registry, opts Options, set settings) *api {
@@ -225,6 +250,7 @@ func newAPI(reg *jobs.Registry, opts Options, set settings) *api {
 	m.HandleFunc("GET /v1/schedules", a.schedules)
 	m.HandleFunc("POST /v1/hooks/foreground", a.foreground)
 	m.HandleFunc("GET "+eventsPath, a.events)
+	m.HandleFunc("GET /v1/openapi.json", a.openapi)
 	m.HandleFunc("GET /healthz", a.healthz)
 	m.HandleFunc("GET /readyz", a.readyz)
 	if a.metrics != nil {
