@@ -606,3 +606,37 @@ func TestCheckerEveryRedisFaultIsTheHarnesss(t *testing.T) {
 		})
 	}
 }
+
+func TestCheckerNoGrantWhilePaused(t *testing.T) {
+	wall := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	span := pauseSpan{from: 10_000, to: 12_000, fromWall: wall, toWall: wall.Add(2 * time.Second)}
+	keys := func(at int64, key string) map[string]*keyData {
+		return map[string]*keyData{key: {grants: []grant{{at: at, token: 7, event: "started", runID: "r1"}}}}
+	}
+	for _, tc := range []struct {
+		name    string
+		final   map[string]*keyData
+		outages []outage
+		checked int
+		want    int
+	}{
+		{"granted before the pause", keys(9_999, "s01|sync"), nil, 1, 0},
+		{"granted while paused", keys(11_000, "s01|sync"), nil, 1, 1},
+		{"granted after the resume", keys(12_001, "s01|sync"), nil, 1, 0},
+		{"another scope while paused", keys(11_000, "u001|bulk"), nil, 1, 0},
+		{"a pause during a Redis fault is not checked", keys(11_000, "s01|sync"),
+			[]outage{{kind: FaultRedisRestartEmpty, down: wall.Add(time.Second), up: wall.Add(1500 * time.Millisecond)}}, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := checkerHarness(t)
+			h.pauseSpans = []pauseSpan{span}
+			h.outages = tc.outages
+			if got := h.checkPause(tc.final); got != tc.checked {
+				t.Errorf("checked %d pauses, want %d", got, tc.checked)
+			}
+			if got := len(h.viol.of(checkPause)); got != tc.want {
+				t.Fatalf("violations = %d, want %d: %v", got, tc.want, h.viol.details())
+			}
+		})
+	}
+}

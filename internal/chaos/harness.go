@@ -83,8 +83,9 @@ type harness struct {
 	goneMax                atomic.Int64 // longest wait for a dead runner's processes to go (ns)
 	submits, cancels       atomic.Int64
 	fgs, pauses            atomic.Int64
-	logsKept               string    // where the logs were copied, once they were
-	acc                    acceptLog // the load's accepted submits and cancels (check 6)
+	pauseSpans             []pauseSpan // the sync scope's pauses (check 8), under mu
+	logsKept               string      // where the logs were copied, once they were
+	acc                    acceptLog   // the load's accepted submits and cancels (check 6)
 
 	mu      sync.Mutex
 	runners map[string]*runnerProc
@@ -205,6 +206,7 @@ func (h *harness) run(opts Options) (Report, error) {
 	for w := range 4 {
 		loadWG.Go(func() { h.load(loadCtx, w) })
 	}
+	loadWG.Go(func() { h.pauser(loadCtx) })
 
 	h.t0 = time.Now()
 	h.faults(dur, long)
@@ -267,6 +269,7 @@ func (h *harness) run(opts Options) (Report, error) {
 	execOverlaps := h.checkOverlaps(reqs, execLines)
 	acceptedChecked := h.checkAccepted()
 	rerunChecked := h.checkRerun(reqs, execLines)
+	pausesChecked := h.checkPause(final)
 
 	// Figures.
 	runs := map[string]bool{}
@@ -311,8 +314,8 @@ func (h *harness) run(opts Options) (Report, error) {
 		RefusedOnArrival: byOutcome[recRefusedArrival], RefusedAtCommit: byOutcome[recRefusedCommit],
 		Aborted: byOutcome[recAborted], NoKeyHeader: noKeyHeader, PeakLivePerPartition: h.rec.peaks(),
 		ExecRuns: execRuns, ExecOverlapsExplained: execOverlaps, AcceptedChecked: acceptedChecked,
-		RerunChecked: rerunChecked,
-		Submits:      int(h.submits.Load()), ForegroundHooks: int(h.fgs.Load()), Cancels: int(h.cancels.Load()),
+		RerunChecked: rerunChecked, PausesChecked: pausesChecked,
+		Submits: int(h.submits.Load()), ForegroundHooks: int(h.fgs.Load()), Cancels: int(h.cancels.Load()),
 		APIErrors:    int(h.errs.Load()),
 		DrainSeconds: drained.Round(time.Millisecond).Seconds(), FinalStatuses: finalStatus,
 	}

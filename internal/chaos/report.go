@@ -94,6 +94,9 @@ type Report struct {
 	// RerunChecked is the stage executions (exec starts, accepted http
 	// requests) checked against their run having ended done (check 7).
 	RerunChecked int `json:"rerunChecked"`
+	// PausesChecked is the pauses of the sync scope checked for no grant
+	// of its runs (check 8); those overlapping a Redis fault are not.
+	PausesChecked int `json:"pausesChecked"`
 
 	// The load, through the runners' APIs.
 	Submits         int            `json:"submits"`
@@ -149,6 +152,7 @@ func (r Report) Summary() []string {
 		fmt.Sprintf("accepted: %d accepted submits checked for being reflected in a run that ended or is still active",
 			r.AcceptedChecked),
 		fmt.Sprintf("reruns: %d stage executions checked for starting after their run was done", r.RerunChecked),
+		fmt.Sprintf("pauses: %d pauses of the sync scope checked for no lease granted to its runs", r.PausesChecked),
 	}
 	for _, f := range r.RedisFaults {
 		lines = append(lines, fmt.Sprintf("redis fault at %.1fs: %s, serving again after %v", f.AtSeconds, f.Kind, seconds(f.ServingAfterSeconds)))

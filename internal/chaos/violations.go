@@ -18,6 +18,7 @@ const (
 	checkOverlap    = "5 no overlapping executions"
 	checkAccepted   = "6 every accepted request is reflected"
 	checkRerun      = "7 no stage runs again once its run is done"
+	checkPause      = "8 a paused scope's runs are never granted"
 )
 
 // detailsPerCheck is how many violations of one check the report details.
