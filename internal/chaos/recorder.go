@@ -90,7 +90,6 @@ func newRecorder(t redistest.T, seed int64, ks *keyspace.Space) *recorder {
 }
 
 func (r *recorder) ServeHTTP(w http.ResponseWriter, req *http.Request) {
-	arrive := time.Now()
 	var body struct {
 		Key          string `json:"key"`
 		RunID        string `json:"runId"`
@@ -107,9 +106,14 @@ func (r *recorder) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		part = r.ks.Partition(k)
 	}
 	rr := &recReq{key: body.Key, runID: body.RunID, token: body.FencingToken, attempt: body.Attempt,
-		arrive: arrive, keyHeader: req.Header.Get("Tasklease-Key") == body.Key, headerMatches: hdrTok == body.FencingToken}
+		keyHeader: req.Header.Get("Tasklease-Key") == body.Key, headerMatches: hdrTok == body.FencingToken}
 
 	r.mu.Lock()
+	// A request arrives when its token is seen, under the lock that orders
+	// it against commits: timed before (at the connection, or before the
+	// body was decoded), a request could look as if it arrived before an
+	// older one that committed first, an overlap the downstream never had.
+	rr.arrive = time.Now()
 	r.reqs = append(r.reqs, rr)
 	r.byKey[rr.key] = append(r.byKey[rr.key], rr)
 	hold := 200*time.Millisecond + time.Duration(r.rng.Int64N(int64(1800*time.Millisecond)))
