@@ -267,13 +267,28 @@ func scanKeys(ctx context.Context, rdb redis.UniversalClient, pattern string) ([
 }
 
 // redisNowMs is Redis TIME in milliseconds.
+// Right after a failover the client may still be on its way to the new
+// primary (a Sentinel client follows +switch-master after the Sentinels
+// answer), so a failing TIME is asked again for up to redisNowPatience.
 func redisNowMs(ctx context.Context, rdb redis.UniversalClient) (int64, error) {
-	t, err := rdb.Time(ctx).Result()
-	if err != nil {
-		return 0, fmt.Errorf("redis TIME: %w", err)
+	deadline := time.Now().Add(redisNowPatience)
+	for {
+		t, err := rdb.Time(ctx).Result()
+		if err == nil {
+			return t.UnixMilli(), nil
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			return 0, fmt.Errorf("redis TIME: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
-	return t.UnixMilli(), nil
 }
+
+// redisNowPatience bounds redisNowMs's retries.
+const redisNowPatience = 15 * time.Second
 
 // execLine is one line the sync job's stage appended.
 type execLine struct {
