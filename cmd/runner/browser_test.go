@@ -144,6 +144,15 @@ func (b *browser) until(d time.Duration, what, expr string) {
 	}
 }
 
+// press clicks the element sel finds, in the page, in the same step that
+// finds it: rows and cards are re-rendered by live updates, so a node the
+// test looked up first may be gone by the time a separate click lands
+// ("Could not find node with given id"). It waits for the element.
+func (b *browser) press(what, sel string) {
+	b.t.Helper()
+	b.until(10*time.Second, what, fmt.Sprintf(`(() => { const el = document.querySelector(%q); if (!el || el.disabled) return false; el.click(); return true })()`, sel))
+}
+
 // soon polls a JavaScript condition for at most d and reports whether it
 // held; for what only makes a screenshot nicer.
 func (b *browser) soon(d time.Duration, expr string) bool {
@@ -236,7 +245,7 @@ func TestBrowserConsole(t *testing.T) {
 	// Cancel a running run from its row.
 	b.run("sync now u43", chromedp.SetValue(chromedp.CSS("#submit-subject"), "u43"), chromedp.Click(chromedp.CSS("#submit-btn")))
 	b.until(10*time.Second, "u43 running", field("u43|course_sync", "status")+` === "running"`)
-	b.run("cancel u43", chromedp.Click(chromedp.CSS(rowButton("u43|course_sync", "cancel"))))
+	b.press("cancel u43", rowButton("u43|course_sync", "cancel"))
 	b.until(10*time.Second, "u43 cancelled", field("u43|course_sync", "status")+` === "cancelled"`)
 
 	// A failing run (demo subjects fail*) retried from the page: a new run.
@@ -246,7 +255,7 @@ func TestBrowserConsole(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b.run("retry fail-1", chromedp.Click(chromedp.CSS(rowButton("fail-1|course_sync", "retry"))))
+	b.press("retry fail-1", rowButton("fail-1|course_sync", "retry"))
 	eventually(t, 10*time.Second, "a new run of fail-1", func() error {
 		v, err := taskView(srv.url, "fail-1", "course_sync")
 		if err == nil && v.RunID == first.RunID {
@@ -258,7 +267,7 @@ func TestBrowserConsole(t *testing.T) {
 
 	// Pause a scope: a new request waits; resume: it runs.
 	card := `document.querySelector('[data-scope-card="backup"]')`
-	b.run("pause backup", chromedp.Click(chromedp.CSS(`[data-scope-card="backup"] button[data-action="pause"]`)))
+	b.press("pause backup", `[data-scope-card="backup"] button[data-action="pause"]`)
 	b.until(10*time.Second, "backup shown paused", card+`?.querySelector('.paused-badge') != null`)
 	b.run("sync now backup", chromedp.SetValue(chromedp.CSS("#submit-subject"), "nightly"),
 		chromedp.SetValue(chromedp.CSS("#submit-scope"), "backup"), chromedp.Click(chromedp.CSS("#submit-btn")))
@@ -270,7 +279,7 @@ func TestBrowserConsole(t *testing.T) {
 		return err
 	})
 	b.until(10*time.Second, "nightly shown queued", field("nightly|backup", "status")+` === "queued"`)
-	b.run("resume backup", chromedp.Click(chromedp.CSS(`[data-scope-card="backup"] button[data-action="resume"]`)))
+	b.press("resume backup", `[data-scope-card="backup"] button[data-action="resume"]`)
 	b.until(10*time.Second, "backup shown active", card+`?.querySelector('.paused-badge') == null`)
 	b.until(15*time.Second, "nightly running", `["running", "done"].includes(`+field("nightly|backup", "status")+`)`)
 
@@ -280,7 +289,7 @@ func TestBrowserConsole(t *testing.T) {
 		postAPI(t, srv.url, "/v1/tasks/u77/course_sync/runs", `{"source":"schedule"}`)
 	}
 	b.until(10*time.Second, "u77 listed", row("u77|course_sync")+` != null`)
-	b.run("open u77's detail", chromedp.Click(chromedp.CSS(rowButton("u77|course_sync", "detail"))))
+	b.press("open u77's detail", rowButton("u77|course_sync", "detail"))
 	b.until(10*time.Second, "the timeline with joined ×5",
 		`document.querySelector('#detail').dataset.key === "u77|course_sync" && [...document.querySelectorAll('#timeline > li')].some(li => /joined/.test(li.textContent) && /×5/.test(li.textContent) && /schedule/.test(li.textContent))`)
 	b.until(10*time.Second, "the lease holder shown", `/console-test\//.test(document.querySelector('#detail [data-field="holder"]')?.textContent ?? '')`)
@@ -308,7 +317,7 @@ func TestBrowserConsole(t *testing.T) {
 		js(`document.querySelector('#filter-scope').dispatchEvent(new Event('change', {bubbles: true}))`))
 
 	// The README screenshot: running, done, failed and paused work at once.
-	b.run("pause message_sync", chromedp.Click(chromedp.CSS(`[data-scope-card="message_sync"] button[data-action="pause"]`)))
+	b.press("pause message_sync", `[data-scope-card="message_sync"] button[data-action="pause"]`)
 	b.until(10*time.Second, "message_sync shown paused", `document.querySelector('[data-scope-card="message_sync"] .paused-badge') != null`)
 	postAPI(t, srv.url, "/v1/tasks/inbox-7/message_sync/runs", `{"source":"foreground"}`)
 	for _, s := range []string{"u100", "u101", "u102"} {
