@@ -334,13 +334,6 @@ func (r *Registry) List(ctx context.Context, opts ListOptions) ([]TaskView, erro
 // listScanMax bounds how many index entries one List reads per partition.
 const listScanMax = 5000
 
-func timeOf(t *time.Time) time.Time {
-	if t == nil {
-		return time.Time{}
-	}
-	return *t
-}
-
 // History returns the key's history events, newest first (default
 // HistoryLimitDefault, at most the history cap). Coalesced repeats of a
 // request carry their count and last time.
