@@ -507,7 +507,7 @@ func BenchmarkFinishScript(b *testing.B) {
 	claimAll(b, rn, cs)
 	advanceAll(b, reg, cs)
 	finish := func(c *claimed) {
-		rn.finish(job, c.e.p, c.lease, c.e.runID, resultDone, "store", nil, c.c.attempt, false, rn.log)
+		rn.finish(job, c.e, c.lease, resultDone, "store", nil, c.c.attempt, false, rn.log)
 	}
 	finish(&cs[0])
 	cs = cs[1:]

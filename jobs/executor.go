@@ -191,7 +191,7 @@ func (r *Runner) execute(lr *localRun, c claimResult, readNext bool) []entry {
 		log.Warn("lease lost; stopped without writing", slog.String("stage", run.stage), slog.Any("error", keeper.Err()))
 		return nil
 	}
-	return r.finish(job, p, lease, runID, result, completed, stageErr, c.attempt, readNext, log)
+	return r.finish(job, e, lease, result, completed, stageErr, c.attempt, readNext, log)
 }
 
 func (j *Job) stage(name string) *Stage {

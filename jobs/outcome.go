@@ -15,7 +15,8 @@ import (
 // runner is stopping) the same script reads the next entry of the
 // partition for the slot this run frees, people's lane first; the caller
 // claims and runs it with the same slot.
-func (r *Runner) finish(job *Job, p int, lease leasing.Lease, runID, result, completed string, stageErr error, attempt int, readNext bool, log *slog.Logger) []entry {
+func (r *Runner) finish(job *Job, e entry, lease leasing.Lease, result, completed string, stageErr error, attempt int, readNext bool, log *slog.Logger) []entry {
+	p, runID, entryID, lane := e.p, e.runID, e.id, e.lane
 	k := lease.Key
 	ks := r.reg.ks
 	errText := ""
@@ -39,7 +40,7 @@ func (r *Runner) finish(job *Job, p int, lease leasing.Lease, runID, result, com
 		keys: []string{ks.Task(k), ks.Lease(k), ks.Requests(p), ks.PeopleRequests(p), ks.History(k), ks.Index(p), ks.Retry(p), ks.Watch(p)},
 		args: []any{lease.Owner, lease.Token, runID, result, completed, errText, delay.Milliseconds(), keyspace.Group,
 			r.reg.histCap, ks.Events(p), r.reg.retention.Milliseconds(), newRunID(),
-			r.reg.stagesCSV[job.Scope], job.Retry.MaxAttempts, read, first.Letter()}}
+			r.reg.stagesCSV[job.Scope], job.Retry.MaxAttempts, read, first.Letter(), k.String(), entryID, lane.Letter()}}
 	res, err := evalOne(ctx, r.reg.gc, fin)
 	if err != nil || len(res) < 2 {
 		log.Warn("finish failed; the run will be recovered when its lease expires", slog.Any("error", err))

@@ -18,9 +18,13 @@
 -- ARGV[15] entries to read for the slot this attempt frees (0 or more), from
 --          this partition's streams, ARGV[16] first ('p' people first, 'b'
 --          bulk first): see read_lanes
+-- ARGV[17] task key   ARGV[18] the run's request entry id   ARGV[19] its lane
+--          ('p' or 'b'): what the holder's claim wrote to the record, passed
+--          instead of read
 -- returns {1, status after}   {0, ''} not held   {-1, ''} ARGV[5] is not the
 -- current stage — each followed by the entries read (lane, id, fields)
--- Cost of a done run: GET lease, HMGET, TIME, DEL lease, XACK, XDEL, HSET,
+-- Cost of a done run: GET lease, HMGET of 8 fields (FIN_READ; a retry or
+-- hand-back reads 3 more, a follow-up's start 3 more), TIME, DEL lease, XACK, XDEL, HSET,
 -- RPUSH (the stage and the result events together), ZADD index, PEXPIRE x2,
 -- EXISTS watch; the read adds XLEN per lane and XREADGROUP for a lane with
 -- entries — instead of a separate read's round trip.
@@ -29,31 +33,30 @@ local function finish()
   local streams = {b = KEYS[3], p = KEYS[4]}
   local owner, token, run_id, result, cap = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[9]
   if redis.call('GET', lease_key) ~= lease_value(token, owner) then return {0, ''} end
-  -- FT_FIELDS (lib.lua), then done, attempt, sources.
-  local fields = {unpack(FT_FIELDS)}
-  fields[#fields + 1] = 'done'
-  fields[#fields + 1] = 'attempt'
-  fields[#fields + 1] = 'sources'
-  local rec = redis.call('HMGET', task, unpack(fields))
-  local nft = #FT_FIELDS
-  if rec[2] ~= run_id or rec[10] ~= token then return {0, ''} end
+  local r = ft_read(task, FIN_READ)
+  if r.runId ~= run_id or r.token ~= token then return {0, ''} end
+  r.key, r.entry, r.lane, r.owner, r.partial = ARGV[17], ARGV[18], ARGV[19], owner, true
   local now = now_ms()
   local before = nil -- the completed stage's event, appended with the result's
   local upd = nil    -- the completed stage's checkpoint fields, written with the result's
   if ARGV[5] ~= '' then
-    local done = tonumber(rec[nft + 1]) or 0
-    if list_at(rec[6], done + 1) ~= ARGV[5] then return {-1, ''} end
+    local done = tonumber(r.done) or 0
+    if list_at(r.stages, done + 1) ~= ARGV[5] then return {-1, ''} end
     upd = {'done', done + 1, 'cursor', ''}
     if result == 'handback' then
-      rec[8] = list_at(rec[6], done + 2)
+      r.stage = list_at(r.stages, done + 2)
       upd[#upd + 1] = 'stage'
-      upd[#upd + 1] = rec[8]
+      upd[#upd + 1] = r.stage
     end
     before = hist_entry(now, 'stage', run_id, {stage = ARGV[5], outcome = 'done', owner = owner, token = token})
   end
   redis.call('DEL', lease_key)
-  local attempt, max_attempts = tonumber(rec[nft + 2]) or 1, tonumber(rec[7]) or 1
-  if result == 'retry' and rec[13] == '1' then
+  local attempt, max_attempts = 1, 1
+  if result == 'retry' or result == 'handback' then
+    ft_read(task, {'attempt', 'maxAttempts', 'sources'}, r)
+    attempt, max_attempts = tonumber(r.attempt) or 1, tonumber(r.maxAttempts) or 1
+  end
+  if result == 'retry' and r.cancel == '1' then
     result, ARGV[6] = 'cancelled', 'cancelled'
   elseif result == 'retry' and attempt >= max_attempts then
     result = 'failed'
@@ -69,35 +72,36 @@ local function finish()
     end
     return fields
   end
+  local stream = streams[r.lane] or streams.b
   if result == 'retry' then
     local due = now + tonumber(ARGV[7])
-    ack_entry(streams[rec[11] or 'b'] or streams.b, ARGV[8], rec[1])
+    ack_entry(stream, ARGV[8], r.entry)
     redis.call('HSET', task, unpack(with({'status', 'retrying', 'nextAttemptAt', due, 'lastError', ARGV[6],
       'entry', '', 'updatedAt', now, 'v', ''})))
-    redis.call('ZADD', KEYS[7], due, run_id .. ' ' .. rec[3])
-    push(hist_entry(now, 'retry-scheduled', run_id, {stage = rec[8], error = ARGV[6],
+    redis.call('ZADD', KEYS[7], due, run_id .. ' ' .. r.key)
+    push(hist_entry(now, 'retry-scheduled', run_id, {stage = r.stage, error = ARGV[6],
       outcome = 'attempt ' .. attempt .. ' of ' .. max_attempts, owner = owner, token = token}))
   elseif result == 'handback' then
     -- Graceful shutdown: keep the checkpoint, give the attempt back and
     -- re-queue at once so another runner resumes without waiting for the TTL.
-    ack_entry(streams[rec[11] or 'b'] or streams.b, ARGV[8], rec[1])
-    local srcs = rec[nft + 3]
+    ack_entry(stream, ARGV[8], r.entry)
+    local srcs = r.sources
     local lane = lane_for(srcs)
     local first = list_at(srcs, 1)
     if first == '' then first = 'manual' end
-    local id = redis.call('XADD', streams[lane], '*', 'key', rec[3], 'runId', run_id, 'source', first)
+    local id = redis.call('XADD', streams[lane], '*', 'key', r.key, 'runId', run_id, 'source', first)
     redis.call('HSET', task, unpack(with({'status', 'queued', 'attempt', attempt - 1, 'entry', id, 'lane', lane,
       'updatedAt', now, 'v', ''})))
-    push(hist_entry(now, 'handed-back', run_id, {stage = rec[8], owner = owner, token = token}))
+    push(hist_entry(now, 'handed-back', run_id, {stage = r.stage, owner = owner, token = token}))
   else
     finish_terminal({task = task, streams = streams, hist = hist, index = KEYS[6], group = ARGV[8], cap = cap,
       retention = ARGV[11], next_run_id = ARGV[12], stages = ARGV[13],
-      max_attempts = ARGV[14], now = now, extra = upd}, result, ARGV[6], rec, before)
+      max_attempts = ARGV[14], now = now, extra = upd}, result, ARGV[6], r, before)
   end
   publish_view(task, ARGV[10], KEYS[8])
   if result == 'retry' then return {1, 'retrying'} end
   if result == 'handback' then return {1, 'queued'} end
-  if rec[4] == '1' and ARGV[12] ~= '' then return {1, 'queued'} end
+  if r.followUp == '1' and ARGV[12] ~= '' then return {1, 'queued'} end
   return {1, result}
 end
 

@@ -301,10 +301,30 @@ local function new_run(r)
   return id
 end
 
--- FT_FIELDS are the record fields finish_terminal reads (callers that
--- already read them pass the HMGET reply, in this order, as rec).
+-- FT_FIELDS are the record fields finish_terminal reads when its caller
+-- passes no record (ft_read).
 local FT_FIELDS = {'entry', 'runId', 'key', 'followUp', 'followUpSources', 'stages', 'maxAttempts',
   'stage', 'owner', 'token', 'lane', 'co', 'cancel', 'nextAttemptAt', 'waiting', 'lastError'}
+
+-- ft_read reads fields (a list of names) of task into table r, by name:
+-- r[name] is the value, or nil when the field is absent.
+local function ft_read(task, fields, r)
+  r = r or {}
+  local vals = redis.call('HMGET', task, unpack(fields))
+  for i = 1, #fields do
+    if vals[i] then r[fields[i]] = vals[i] end
+  end
+  return r
+end
+
+-- FT_FOLLOW_UP: the fields only the start of a queued follow-up reads.
+local FT_FOLLOW_UP = {'followUpSources', 'co', 'maxAttempts'}
+
+-- FIN_READ: the record fields every finish (finish.lua) reads (the fence, the completed
+-- stage's check and what finish_terminal clears); the holder's claim wrote
+-- the rest of what finish_terminal needs (entry, lane, owner, key), or
+-- cleared it (nextAttemptAt, waiting).
+local FIN_READ = {'runId', 'token', 'stage', 'stages', 'done', 'followUp', 'cancel', 'lastError'}
 
 -- finish_terminal ends the current run as done, failed or cancelled: it
 -- acknowledges its request, records the result, and starts the queued
@@ -313,51 +333,56 @@ local FT_FIELDS = {'entry', 'runId', 'key', 'followUp', 'followUpSources', 'stag
 -- definition (c.stages, c.max_attempts, from the caller's registry), not the
 -- ended run's; c.stages '' (a caller that does not define the job) keeps the
 -- ended run's. The caller has already released (or never held) the lease.
+-- r: the record by field name, holding FT_FIELDS, or nil to read them; with
+-- r.partial those of FT_FOLLOW_UP are left out (read here when a follow-up
+-- starts).
+-- A field the caller knows to be empty may be left out (a holder's finish:
+-- nextAttemptAt and waiting are cleared by the claim).
 -- before: an encoded event appended just before the result's (or nil).
 -- c: {task, streams, hist, index, group, cap, retention, next_run_id,
 --     stages, max_attempts, now, extra (more record fields to write, or nil)}
-local function finish_terminal(c, result, err, rec, before)
-  rec = rec or redis.call('HMGET', c.task, unpack(FT_FIELDS))
-  ack_entry(c.streams[rec[11] or 'b'] or c.streams.b, c.group, rec[1])
+local function finish_terminal(c, result, err, r, before)
+  r = r or ft_read(c.task, FT_FIELDS)
+  ack_entry(c.streams[r.lane or 'b'] or c.streams.b, c.group, r.entry)
   err = err or ''
   local fields = {'status', result, 'finishedAt', c.now, 'updatedAt', c.now, 'entry', ''}
-  local function clear(i, name, empty)
-    if rec[i] and rec[i] ~= empty then
-      fields[#fields + 1] = name
-      fields[#fields + 1] = empty
+  local n = 8
+  local function clear(name, empty)
+    local v = r[name]
+    if v and v ~= empty then
+      fields[n + 1], fields[n + 2], n = name, empty, n + 2
     end
   end
-  clear(8, 'stage', '')
-  clear(13, 'cancel', '0')
-  clear(14, 'nextAttemptAt', '')
-  clear(15, 'waiting', '')
-  if err ~= '' or (rec[16] and rec[16] ~= '') then
-    fields[#fields + 1] = 'lastError'
-    fields[#fields + 1] = err
+  clear('stage', '')
+  clear('cancel', '0')
+  clear('nextAttemptAt', '')
+  clear('waiting', '')
+  if err ~= '' or (r.lastError and r.lastError ~= '') then
+    fields[n + 1], fields[n + 2], n = 'lastError', err, n + 2
   end
   if result == 'done' then
-    fields[#fields + 1] = 'lastSuccessAt'
-    fields[#fields + 1] = c.now
+    fields[n + 1], fields[n + 2], n = 'lastSuccessAt', c.now, n + 2
   end
   if c.extra then
-    for i = 1, #c.extra do fields[#fields + 1] = c.extra[i] end
+    for i = 1, #c.extra do fields[n + i] = c.extra[i] end
+    n = n + #c.extra
   end
-  fields[#fields + 1] = 'v' -- the cached view (submit_fast)
-  fields[#fields + 1] = ''
+  fields[n + 1], fields[n + 2] = 'v', '' -- the cached view (submit_fast)
   redis.call('HSET', c.task, unpack(fields))
-  local ev = hist_entry(c.now, result, rec[2], {stage = rec[8] or '', error = err, owner = rec[9] or '',
-    token = rec[10] or ''})
+  local ev = hist_entry(c.now, result, r.runId, {stage = r.stage or '', error = err, owner = r.owner or '',
+    token = r.token or ''})
   if before then hist_push(c.hist, c.cap, before, ev) else hist_push(c.hist, c.cap, ev) end
-  redis.call('ZADD', c.index, c.now, rec[3])
-  if rec[4] == '1' and c.next_run_id ~= '' then
-    local srcs = rec[5]
+  redis.call('ZADD', c.index, c.now, r.key)
+  if r.followUp == '1' and c.next_run_id ~= '' then
+    if r.partial then ft_read(c.task, FT_FOLLOW_UP, r) end
+    local srcs = r.followUpSources
     local first = list_at(srcs, 1)
     if first == '' then first = 'manual' end
-    local stages, max_attempts = rec[6], rec[7]
+    local stages, max_attempts = r.stages, r.maxAttempts
     if c.stages and c.stages ~= '' then stages, max_attempts = c.stages, c.max_attempts end
-    new_run({task = c.task, streams = c.streams, hist = c.hist, key = rec[3],
+    new_run({task = c.task, streams = c.streams, hist = c.hist, key = r.key,
       run_id = c.next_run_id, stages = stages, max_attempts = max_attempts, sources = srcs, source = first,
-      now = c.now, exists = true, co = rec[12]})
+      now = c.now, exists = true, co = r.co})
     hist_add(c.hist, c.cap, c.now, 'requested', c.next_run_id, {source = first, outcome = 'started'})
   elseif tonumber(c.retention) > 0 then
     redis.call('PEXPIRE', c.task, c.retention)
