@@ -25,7 +25,9 @@
 --   {'granted', token, done, cursor, attempt, stages, sources, startedAt, prevStatus}
 -- The fencing counter is the record's 'token': a grant takes
 -- max(token + 1, Redis TIME µs) (next_token), so no separate counter key.
--- Cost of a grant: HMGET, GET lease, TIME, SET lease, HSET, RPUSH, EXISTS watch;
+-- Cost of a grant: HMGET of 12 fields (CLAIM_READ; a retry's due time
+-- and a crashed holder's owner are read only then), GET lease, TIME, SET
+-- lease, HSET, RPUSH, EXISTS watch;
 -- plus one SMEMBERS of the paused set per call (an empty set while nothing is
 -- paused: the only cost of pause on the hot path).
 local owner, group, cap, channel = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
@@ -51,8 +53,7 @@ end
 
 local function claim_one(task, lease_key, hist, lane, entry_id, run_id, source, ttl, next_run_id, def_stages, def_max)
   local stream = streams[lane] or streams.b
-  local rec = redis.call('HMGET', task, 'runId', 'status', 'cancel', 'nextAttemptAt', 'attempt',
-    'maxAttempts', 'owner', 'token', 'sources', 'stages', 'done', 'waiting', 'cursor', 'startedAt')
+  local rec = redis.call('HMGET', task, unpack(CLAIM_READ))
   local status = rec[2]
   if rec[1] ~= run_id or not (status == 'queued' or status == 'running' or status == 'retrying') then
     ack_entry(stream, group, entry_id)
@@ -81,8 +82,10 @@ local function claim_one(task, lease_key, hist, lane, entry_id, run_id, source, 
     publish_view(task, channel, KEYS[2])
     return {'ack'}
   end
-  if status == 'retrying' and tonumber(rec[4]) and tonumber(rec[4]) > tonumber(now) then
-    return {'busy', '', tonumber(rec[4]) - now}
+  -- nextAttemptAt is set only while retrying (the claim clears it)
+  local next_at = status == 'retrying' and redis.call('HGET', task, 'nextAttemptAt')
+  if next_at and tonumber(next_at) and tonumber(next_at) > tonumber(now) then
+    return {'busy', '', tonumber(next_at) - now}
   end
 
   -- A paused scope: nobody claims its runs. The entry leaves the stream (so
@@ -105,11 +108,11 @@ local function claim_one(task, lease_key, hist, lane, entry_id, run_id, source, 
   local missing = nil
   if def_stages == '' then
     missing = ''
-  elseif def_stages ~= rec[10] then -- the same definition defines every stage
+  elseif def_stages ~= rec[8] then -- the same definition defines every stage
     local defined = {}
     for _, s in ipairs(split(def_stages, ',')) do defined[s] = true end
-    local run_stages = split(rec[10], ',')
-    for i = (tonumber(rec[11]) or 0) + 1, #run_stages do
+    local run_stages = split(rec[8], ',')
+    for i = (tonumber(rec[9]) or 0) + 1, #run_stages do
       if not defined[run_stages[i]] then missing = run_stages[i]; break end
     end
   end
@@ -121,18 +124,18 @@ local function claim_one(task, lease_key, hist, lane, entry_id, run_id, source, 
       why = 'waiting for a runner that defines stage ' .. missing .. ' (' .. owner .. ' does not)'
     end
     redis.call('XCLAIM', stream, group, owner, 0, entry_id, 'IDLE', idle_ms, 'JUSTID')
-    if rec[12] ~= why then
+    if rec[10] ~= why then
       redis.call('HSET', task, 'waiting', why, 'v', '')
       publish_view(task, channel, KEYS[2])
     end
     return {'foreign', missing}
   end
 
-  local attempt, max_attempts = tonumber(rec[5]) or 0, tonumber(rec[6]) or 1
+  local attempt, max_attempts = tonumber(rec[4]) or 0, tonumber(rec[5]) or 1
   if status == 'running' then
     -- The previous holder's lease expired without a finish: it crashed,
     -- paused or was cut off.
-    hist_add(hist, cap, now, 'lease-lost', run_id, {owner = rec[7] or '', token = rec[8] or ''})
+    hist_add(hist, cap, now, 'lease-lost', run_id, {owner = redis.call('HGET', task, 'owner') or '', token = rec[6] or ''})
     if attempt >= max_attempts then
       finish_terminal(ending(), 'failed', 'lease expired on the last attempt (' .. attempt .. ' of ' .. max_attempts .. ')')
       publish_view(task, channel, KEYS[2])
@@ -140,18 +143,18 @@ local function claim_one(task, lease_key, hist, lane, entry_id, run_id, source, 
     end
   end
 
-  local token = next_token(rec[8], now_us)
+  local token = next_token(rec[6], now_us)
   redis.call('SET', lease_key, lease_value(token, owner), 'PX', ttl)
   -- Hand the record to the new holder: the run keeps its completed stages
   -- and cursor, so a recovered run resumes.
-  local done, cursor = tonumber(rec[11]) or 0, rec[13] or ''
-  local stage = list_at(rec[10], done + 1)
+  local done, cursor = tonumber(rec[9]) or 0, rec[11] or ''
+  local stage = list_at(rec[8], done + 1)
   local attempt_now = attempt + 1
-  local sources = list_add(rec[9], source)
-  local started = rec[14]
+  local sources = list_add(rec[7], source)
+  local started = rec[12]
   local fields = {'status', 'running', 'stage', stage, 'owner', owner, 'token', tok_str(token),
     'updatedAt', now, 'attempt', attempt_now, 'entry', entry_id, 'lane', lane}
-  if sources ~= rec[9] then
+  if sources ~= rec[7] then
     fields[#fields + 1] = 'sources'
     fields[#fields + 1] = sources
   end
@@ -160,11 +163,11 @@ local function claim_one(task, lease_key, hist, lane, entry_id, run_id, source, 
     fields[#fields + 1] = 'startedAt'
     fields[#fields + 1] = now
   end
-  if rec[4] and rec[4] ~= '' then
+  if next_at and next_at ~= '' then
     fields[#fields + 1] = 'nextAttemptAt'
     fields[#fields + 1] = ''
   end
-  if rec[12] and rec[12] ~= '' then
+  if rec[10] and rec[10] ~= '' then
     fields[#fields + 1] = 'waiting'
     fields[#fields + 1] = ''
   end
@@ -176,11 +179,11 @@ local function claim_one(task, lease_key, hist, lane, entry_id, run_id, source, 
   -- recovery mode as the outcome.
   local ev = {source = source, stage = stage, owner = owner, token = token}
   if attempt_now > 1 or done > 0 or cursor ~= '' then
-    ev.outcome = recovery_mode(done, cursor, #split(rec[10], ','))
+    ev.outcome = recovery_mode(done, cursor, #split(rec[8], ','))
   end
   hist_add(hist, cap, now, status == 'running' and 'recovered' or 'started', run_id, ev)
   publish_view(task, channel, KEYS[2])
-  return {'granted', token, done, cursor, attempt_now, rec[10], sources, started, status}
+  return {'granted', token, done, cursor, attempt_now, rec[8], sources, started, status}
 end
 
 local out = {}

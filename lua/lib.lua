@@ -326,6 +326,12 @@ local FT_FOLLOW_UP = {'followUpSources', 'co', 'maxAttempts'}
 -- cleared it (nextAttemptAt, waiting).
 local FIN_READ = {'runId', 'token', 'stage', 'stages', 'done', 'followUp', 'cancel', 'lastError'}
 
+-- CLAIM_READ: the record fields claim.lua reads for each entry, in the
+-- order of its rec[] indices (a retry's due time and a crashed holder's
+-- owner are read only then).
+local CLAIM_READ = {'runId', 'status', 'cancel', 'attempt', 'maxAttempts', 'token', 'sources', 'stages', 'done',
+  'waiting', 'cursor', 'startedAt'}
+
 -- finish_terminal ends the current run as done, failed or cancelled: it
 -- acknowledges its request, records the result, and starts the queued
 -- follow-up if there is one; otherwise record and history expire after the
