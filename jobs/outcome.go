@@ -36,11 +36,15 @@ func (r *Runner) finish(job *Job, e entry, lease leasing.Lease, result, complete
 	// shutdown); it is bounded by the lease instead.
 	ctx, cancel := context.WithTimeout(context.Background(), lease.TTL)
 	defer cancel()
+	followUp := newRunID() // the id of a queued follow-up, if this finish starts one
 	fin := &scriptCall{script: r.reg.scripts.finish,
 		keys: []string{ks.Task(k), ks.Lease(k), ks.Requests(p), ks.PeopleRequests(p), ks.History(k), ks.Index(p), ks.Retry(p), ks.Watch(p)},
 		args: []any{lease.Owner, lease.Token, runID, result, completed, errText, delay.Milliseconds(), keyspace.Group,
-			r.reg.histCap, ks.Events(p), r.reg.retention.Milliseconds(), newRunID(),
+			r.reg.histCap, ks.Events(p), r.reg.retention.Milliseconds(), followUp,
 			r.reg.stagesCSV[job.Scope], job.Retry.MaxAttempts, read, first.Letter(), k.String(), entryID, lane.Letter()}}
+	if r.reg.tracer != nil {
+		fin.keys = append(fin.keys, ks.FollowUpLinks(k, runID), ks.Links(k, followUp))
+	}
 	res, err := evalOne(ctx, r.reg.gc, fin)
 	if err != nil || len(res) < 2 {
 		log.Warn("finish failed; the run will be recovered when its lease expires", slog.Any("error", err))

@@ -63,9 +63,13 @@ func (r *Registry) startSubmitSpan(ctx context.Context, k taskkey.Key, src Sourc
 		trace.WithAttributes(attrTaskKey.String(k.String()), attrSource.String(string(src))))
 }
 
-// endSubmitSpan records the outcome and, for a request that started or
-// joined a run, the span's context in the run's link list (one pipelined
-// RPUSH, LTRIM, PEXPIRE: only when tracing is on).
+// endSubmitSpan records the outcome and the span's context in the link
+// list of the run the request is merged into (one pipelined RPUSH, LTRIM,
+// PEXPIRE: only when tracing is on): the run it started or joined; for a
+// request queued behind a run, or replacing a running one, that run's
+// follow-up, whose list the finish that starts it renames into place. A
+// replace of a run nobody executed yet answers with its follow-up already
+// started.
 func (r *Registry) endSubmitSpan(ctx context.Context, span trace.Span, k taskkey.Key, res SubmitResult, err error) {
 	if span == nil {
 		return
@@ -77,14 +81,21 @@ func (r *Registry) endSubmitSpan(ctx context.Context, span trace.Span, k taskkey
 		return
 	}
 	span.SetAttributes(attrRunID.String(res.Task.RunID), attrOutcome.String(string(res.Outcome)))
-	if res.Outcome != OutcomeStarted && res.Outcome != OutcomeJoined {
-		return
-	}
 	tp := traceparent(ctx)
 	if tp == "" || res.Task.RunID == "" {
 		return
 	}
-	key := r.ks.Links(k, res.Task.RunID)
+	var key string
+	switch {
+	case res.Outcome == OutcomeStarted || res.Outcome == OutcomeJoined:
+		key = r.ks.Links(k, res.Task.RunID)
+	case res.Outcome == OutcomeQueued || res.Outcome == OutcomeReplaced && res.Task.Status == StatusRunning:
+		key = r.ks.FollowUpLinks(k, res.Task.RunID)
+	case res.Outcome == OutcomeReplaced: // the view is the follow-up's, started by the replace
+		key = r.ks.Links(k, res.Task.RunID)
+	default: // skipped, throttled: merged into nothing
+		return
+	}
 	pipe := r.rdb.Pipeline()
 	pipe.RPush(ctx, key, tp)
 	pipe.LTrim(ctx, key, 0, linksMax-1)

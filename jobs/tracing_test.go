@@ -130,6 +130,92 @@ func TestTracingLinksEveryMergedRequestToTheRun(t *testing.T) {
 	}
 }
 
+// A request queued behind a running run and one replacing it are merged
+// into the run that follows it: that run's span links both (their trace
+// contexts wait in the running run's follow-up list, which the finish that
+// starts the follow-up renames into place), and the replaced run's span
+// links neither.
+func TestTracingLinksQueuedAndReplacingRequestsToTheFollowUp(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			rec := tracetest.NewSpanRecorder()
+			tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+			t.Cleanup(func() { _ = tp.Shutdown(ctx) })
+			g := newGate()
+			e := newEnv(t, b.Client, Config{Prefix: "trq", Partitions: 2, TracerProvider: tp,
+				Jobs: []Job{clJob("traced", Stage{Name: "held", Handler: g})}})
+			e.startRunner(RunnerConfig{ID: "trq"})
+			caller := tp.Tracer("test")
+			submit := func(name string, src Source, policy Policy, want Outcome) (SubmitResult, trace.SpanContext) {
+				t.Helper()
+				sctx, span := caller.Start(ctx, name)
+				res, err := e.reg.Submit(sctx, "u7", "traced", SubmitOptions{Source: src, Policy: policy})
+				span.End()
+				if err != nil || res.Outcome != want {
+					t.Fatalf("%s: %v %v, want %s", name, res.Outcome, err, want)
+				}
+				return res, span.SpanContext()
+			}
+			first, _ := submit("sync now", SourceManual, PolicyJoin, OutcomeStarted)
+			waitFor(t, 10*time.Second, "the first run to execute", func() bool { return g.count() == 1 })
+			_, queued := submit("sync again later", SourceForeground, PolicyQueue, OutcomeQueued)
+			_, replacing := submit("start over", SourceManual, PolicyReplace, OutcomeReplaced)
+			waitFor(t, 10*time.Second, "the follow-up to execute", func() bool { return g.count() == 2 })
+			g.open()
+			e.waitStatus("u7", "traced", 10*time.Second, StatusDone)
+
+			// the submit span of each request, by its caller's span
+			submitOf := map[trace.SpanID]trace.SpanID{}
+			runs := map[string]sdktrace.ReadOnlySpan{}
+			waitFor(t, 10*time.Second, "both run spans to end", func() bool {
+				for _, s := range rec.Ended() {
+					switch s.Name() {
+					case "tasklease.submit":
+						submitOf[s.Parent().SpanID()] = s.SpanContext().SpanID()
+					case "tasklease.run":
+						for _, kv := range s.Attributes() {
+							if kv.Key == attrRunID {
+								runs[kv.Value.AsString()] = s
+							}
+						}
+					}
+				}
+				return len(runs) == 2
+			})
+			links := func(s sdktrace.ReadOnlySpan) map[trace.SpanID]bool {
+				out := map[trace.SpanID]bool{}
+				for _, l := range s.Links() {
+					out[l.SpanContext.SpanID()] = true
+				}
+				return out
+			}
+			replaced := runs[first.Task.RunID]
+			if replaced == nil {
+				t.Fatalf("no span of the first run %s among %v", first.Task.RunID, runs)
+			}
+			var followUp sdktrace.ReadOnlySpan
+			for id, s := range runs {
+				if id != first.Task.RunID {
+					followUp = s
+				}
+			}
+			for name, caller := range map[string]trace.SpanContext{"queued": queued, "replacing": replacing} {
+				sub, ok := submitOf[caller.SpanID()]
+				if !ok {
+					t.Fatalf("no submit span for the %s request", name)
+				}
+				if !links(followUp)[sub] {
+					t.Errorf("the follow-up run's span does not link the %s request; links %v", name, followUp.Links())
+				}
+				if links(replaced)[sub] {
+					t.Errorf("the replaced run's span links the %s request", name)
+				}
+			}
+		})
+	}
+}
+
 // Off (no TracerProvider), tracing writes nothing to Redis and stages get
 // no trace context.
 func TestTracingOffWritesNothing(t *testing.T) {

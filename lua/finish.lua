@@ -5,6 +5,9 @@
 -- KEYS[4] people request stream   KEYS[5] history   KEYS[6] partition index
 -- KEYS[7] partition retry queue
 -- KEYS[8] partition watch key (views are published only while it exists)
+-- KEYS[9], KEYS[10] (only when tracing is on) the trace links of the
+--          requests queued behind this run, and those of its follow-up
+--          (ARGV[12]): a follow-up started here takes the first as the second
 -- ARGV[1] owner   ARGV[2] token   ARGV[3] runId
 -- ARGV[4] result: done | failed | cancelled | retry | handback
 -- ARGV[5] stage completed by this call ("" if none)   ARGV[6] error text
@@ -96,7 +99,8 @@ local function finish()
   else
     finish_terminal({task = task, streams = streams, hist = hist, index = KEYS[6], group = ARGV[8], cap = cap,
       retention = ARGV[11], next_run_id = ARGV[12], stages = ARGV[13],
-      max_attempts = ARGV[14], now = now, extra = upd}, result, ARGV[6], r, before)
+      max_attempts = ARGV[14], now = now, extra = upd, links_from = KEYS[9], links_to = KEYS[10]}, result, ARGV[6], r,
+      before)
   end
   publish_view(task, ARGV[10], KEYS[8])
   if result == 'retry' then return {1, 'retrying'} end

@@ -346,7 +346,10 @@ local CLAIM_READ = {'runId', 'status', 'cancel', 'attempt', 'maxAttempts', 'toke
 -- nextAttemptAt and waiting are cleared by the claim).
 -- before: an encoded event appended just before the result's (or nil).
 -- c: {task, streams, hist, index, group, cap, retention, next_run_id,
---     stages, max_attempts, now, extra (more record fields to write, or nil)}
+--     stages, max_attempts, now, extra (more record fields to write, or nil),
+--     links_from and links_to (or nil): the trace links of the requests
+--     queued behind the run become the follow-up's (a new run: nothing
+--     else can have written its links yet)}
 local function finish_terminal(c, result, err, r, before)
   r = r or ft_read(c.task, FT_FIELDS)
   ack_entry(c.streams[r.lane or 'b'] or c.streams.b, c.group, r.entry)
@@ -390,6 +393,7 @@ local function finish_terminal(c, result, err, r, before)
       run_id = c.next_run_id, stages = stages, max_attempts = max_attempts, sources = srcs, source = first,
       now = c.now, exists = true, co = r.co})
     hist_add(c.hist, c.cap, c.now, 'requested', c.next_run_id, {source = first, outcome = 'started'})
+    if c.links_from and redis.call('EXISTS', c.links_from) == 1 then redis.call('RENAME', c.links_from, c.links_to) end
   elseif tonumber(c.retention) > 0 then
     redis.call('PEXPIRE', c.task, c.retention)
     redis.call('PEXPIRE', c.hist, c.retention)

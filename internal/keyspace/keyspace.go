@@ -194,6 +194,13 @@ func (s *Space) Links(k taskkey.Key, runID string) string {
 	return s.taskKey("links", k) + "|" + runID
 }
 
+// FollowUpLinks is the list of W3C trace contexts of the requests queued
+// (or replacing) behind run runID of k: they are merged into its follow-up
+// run, whose Links the list becomes when the finish of runID starts it.
+func (s *Space) FollowUpLinks(k taskkey.Key, runID string) string {
+	return s.Links(k, runID) + "|next"
+}
+
 // Events is partition p's pub/sub channel of TaskView changes.
 func (s *Space) Events(p int) string { return s.events[p] }
 
