@@ -68,12 +68,14 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fail(exitUsage, "%w", err)
 	}
 	log := cfg.Log.NewLogger(stderr)
-	return serve(ctx, cfg, log, nil)
+	return serve(ctx, cfg, log, stdout, nil)
 }
 
-// serve runs everything a runner pod runs until ctx ends. ready, when not
-// nil, receives the HTTP address once it listens (for tests).
-func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, ready func(addr string)) error {
+// serve runs everything a runner pod runs until ctx ends. spans receives
+// the console trace exporter's output (OTEL_TRACES_EXPORTER=console).
+// ready, when not nil, receives the HTTP address once it listens (for
+// tests).
+func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, spans io.Writer, ready func(addr string)) error {
 	var rdb redis.UniversalClient
 	if cfg.Embedded() {
 		m := miniredis.NewMiniRedis()
@@ -116,7 +118,12 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, ready func
 	rc.Jobs, rc.Logger, rc.Metrics = jobList, log, promReg
 	var tp trace.TracerProvider
 	if cfg.TracingOn(os.Getenv) {
-		p, err := tracing.Provider(ctx, cfg.Tracing.ServiceName, jobs.BuildVersion(), cfg.Runner.ID)
+		exporter := os.Getenv("OTEL_TRACES_EXPORTER")
+		if exporter != tracing.ExporterConsole {
+			exporter = tracing.ExporterOTLP
+		}
+		p, err := tracing.Provider(ctx, tracing.Options{ServiceName: cfg.Tracing.ServiceName, Version: jobs.BuildVersion(),
+			Instance: cfg.Runner.ID, Exporter: exporter, Console: spans})
 		if err != nil {
 			return fail(exitUsage, "%w", err)
 		}
@@ -128,7 +135,11 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, ready func
 			}
 		}()
 		tp, rc.TracerProvider = p, p
-		log.Info("tracing on: spans are exported with OTLP/HTTP (OTEL_EXPORTER_OTLP_ENDPOINT)")
+		if exporter == tracing.ExporterConsole {
+			log.Info("tracing on: spans are written to standard output as JSON lines (OTEL_TRACES_EXPORTER=console)")
+		} else {
+			log.Info("tracing on: spans are exported with OTLP/HTTP (OTEL_EXPORTER_OTLP_ENDPOINT)")
+		}
 	}
 	reg, err := jobs.NewRegistry(rdb, rc)
 	if err != nil {

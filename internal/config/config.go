@@ -142,11 +142,13 @@ type Log struct {
 // Tracing configures OpenTelemetry tracing: spans for submits, runs
 // (linked to their requests), stages and the HTTP API, exported with OTLP
 // over HTTP to the endpoint of the standard OTEL_EXPORTER_OTLP_* variables
-// (default http://localhost:4318).
+// (default http://localhost:4318), or with OTEL_TRACES_EXPORTER=console
+// written to standard output as JSON, one span per line (no collector
+// needed: for trying it out).
 type Tracing struct {
 	// Enabled turns tracing on. It is also on when OTEL_TRACES_EXPORTER is
-	// otlp or an OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set, and off when
-	// OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none.
+	// otlp or console or an OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set,
+	// and off when OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none.
 	Enabled bool `yaml:"enabled"`
 	// ServiceName is the service.name of the spans (default tasklease;
 	// OTEL_SERVICE_NAME wins).
@@ -159,7 +161,8 @@ func (c *Config) TracingOn(getenv func(string) string) bool {
 	if strings.EqualFold(getenv("OTEL_SDK_DISABLED"), "true") || getenv("OTEL_TRACES_EXPORTER") == "none" {
 		return false
 	}
-	return c.Tracing.Enabled || getenv("OTEL_TRACES_EXPORTER") == "otlp" ||
+	exp := getenv("OTEL_TRACES_EXPORTER")
+	return c.Tracing.Enabled || exp == "otlp" || exp == "console" ||
 		getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != ""
 }
 

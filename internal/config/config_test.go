@@ -981,6 +981,7 @@ func TestTracingOn(t *testing.T) {
 		{on, env(), true},
 		{off, env(), false},
 		{off, env("OTEL_TRACES_EXPORTER", "otlp"), true},
+		{off, env("OTEL_TRACES_EXPORTER", "console"), true},
 		{off, env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318"), true},
 		{off, env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://collector:4318/v1/traces"), true},
 		{on, env("OTEL_SDK_DISABLED", "true"), false},
