@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -94,7 +95,7 @@ func taskPath(subject, scope string) string {
 func cmdClient(ctx context.Context, cmd string, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	server := fs.String("server", serverDefault, "runner HTTP API base URL")
+	server := fs.String("server", cmp.Or(os.Getenv("TASKLEASE_SERVER"), serverDefault), "runner HTTP API base URL (its default: $TASKLEASE_SERVER when set)")
 	asJSON := fs.Bool("json", false, "print the API's JSON")
 	var source, policy, status, scope, subject, prefix *string
 	var wait *bool

@@ -56,7 +56,7 @@ commands:
   runners                                                   live and recently gone runners
   schedules                                                 next occurrence, last fan-out, leader
 
-client commands take --server URL (default http://127.0.0.1:8080) and read the token from TASKLEASE_TOKEN.
+client commands take --server URL (default $TASKLEASE_SERVER, else http://127.0.0.1:8080) and read the token from TASKLEASE_TOKEN.
 exit codes: 0 ok, 1 run failed, 2 bad usage or config, 3 Redis or server unreachable.
 `
 
