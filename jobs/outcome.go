@@ -43,7 +43,7 @@ func (r *Runner) finish(job *Job, e entry, lease leasing.Lease, result, complete
 			r.reg.histCap, ks.Events(p), r.reg.retention.Milliseconds(), followUp,
 			r.reg.stagesCSV[job.Scope], job.Retry.MaxAttempts, read, first.Letter(), k.String(), entryID, lane.Letter()}}
 	if r.reg.tracer != nil {
-		fin.keys = append(fin.keys, ks.FollowUpLinks(k, runID), ks.Links(k, followUp))
+		fin.keys = append(fin.keys, ks.FollowUpLinks(k), ks.Links(k, followUp))
 	}
 	res, err := evalOne(ctx, r.reg.gc, fin)
 	if err != nil || len(res) < 2 {

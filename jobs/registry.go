@@ -278,6 +278,9 @@ func (r *Registry) submit(ctx context.Context, k taskkey.Key, job *Job, subject 
 	req := &submitReq{k: k, p: r.ks.Partition(k), subject: subject, source: opts.Source, policy: opts.Policy,
 		runID: newRunID(), stages: r.stagesCSV[scope], maxAttempts: job.Retry.MaxAttempts,
 		minInterval: job.MinInterval.Milliseconds()}
+	if r.tracer != nil {
+		req.traceparent = traceparent(ctx)
+	}
 	if err := r.submits.Add(ctx, req); err != nil {
 		return SubmitResult{}, fmt.Errorf("jobs: submit %s: %w", k, err)
 	}

@@ -31,7 +31,8 @@ type submitReq struct {
 	runID       string // of the run it starts, if it starts one
 	stages      string // comma list
 	maxAttempts int
-	minInterval int64 // ms
+	minInterval int64  // ms
+	traceparent string // the submit span's context, when tracing is on
 	// results, set by flushSubmits
 	outcome, view string
 	err           error
@@ -94,9 +95,10 @@ func (r *Registry) submitCall(reqs []*submitReq) *scriptCall {
 		}
 		block[i] = b + 1
 	}
+	traced := r.tracer != nil // submit.lua's traced layout: two keys and an argument more per request
 	c := &scriptCall{script: r.scripts.submit,
-		keys: make([]string, 0, 5*len(parts)+3*len(reqs)), args: make([]any, 0, 4+2*len(parts)+9*len(reqs))}
-	c.args = append(c.args, r.histCap, keyspace.Group, r.retention.Milliseconds(), len(parts))
+		keys: make([]string, 0, 5*len(parts)+5*len(reqs)), args: make([]any, 0, 5+2*len(parts)+10*len(reqs))}
+	c.args = append(c.args, r.histCap, keyspace.Group, r.retention.Milliseconds(), len(parts), boolFlag(traced))
 	for _, p := range parts {
 		c.keys = append(c.keys, r.ks.Requests(p), r.ks.Index(p), r.ks.Retry(p), r.ks.Watch(p), r.ks.PeopleRequests(p))
 		c.args = append(c.args, r.ks.Events(p), r.ks.Cancels(p))
@@ -105,8 +107,20 @@ func (r *Registry) submitCall(reqs []*submitReq) *scriptCall {
 		c.keys = append(c.keys, r.ks.Task(q.k), r.ks.History(q.k), r.ks.Subjects(q.p, q.k.Scope()))
 		c.args = append(c.args, block[i], q.k.String(), q.subject, string(q.source), string(q.policy), q.runID,
 			q.stages, q.maxAttempts, q.minInterval)
+		if traced {
+			c.keys = append(c.keys, r.ks.FollowUpLinks(q.k), r.ks.Links(q.k, q.runID))
+			c.args = append(c.args, q.traceparent)
+		}
 	}
 	return c
+}
+
+// boolFlag is a script's boolean argument.
+func boolFlag(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
 }
 
 // taskView is the view submit.lua replied with. For a run it started the
@@ -122,9 +136,13 @@ func (q *submitReq) taskView() TaskView {
 	return viewFromValues(q.k.String(), q.k.Subject(), q.k.Scope(), vals[:])
 }
 
-// viewFromReply builds the TaskView of k from submit.lua's encoded view
-// (the values of viewFieldNames, separated by histSep).
+// viewFromReply builds the TaskView of k from submit.lua's encoded view:
+// a stamp (lib.lua view_stamp) up to the first RS (0x1E), then the values
+// of viewFieldNames, separated by histSep.
 func viewFromReply(k taskkey.Key, s string) TaskView {
+	if _, view, ok := strings.Cut(s, "\x1e"); ok {
+		s = view
+	}
 	var vals [vfCount]string
 	for i := range vals {
 		v, rest, ok := strings.Cut(s, histSep)

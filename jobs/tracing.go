@@ -34,7 +34,7 @@ const (
 
 // linksMax bounds the request links a run keeps: a storm of joins is
 // represented by its first linksMax requests (the history counts them all).
-const linksMax = 32
+const linksMax = 32 // lua/lib.lua LINKS_MAX
 
 // tracerName is the instrumentation scope of tasklease's spans.
 const tracerName = "github.com/tasklease/tasklease/jobs"
@@ -63,13 +63,12 @@ func (r *Registry) startSubmitSpan(ctx context.Context, k taskkey.Key, src Sourc
 		trace.WithAttributes(attrTaskKey.String(k.String()), attrSource.String(string(src))))
 }
 
-// endSubmitSpan records the outcome and the span's context in the link
-// list of the run the request is merged into (one pipelined RPUSH, LTRIM,
-// PEXPIRE: only when tracing is on): the run it started or joined; for a
-// request queued behind a run, or replacing a running one, that run's
-// follow-up, whose list the finish that starts it renames into place. A
-// replace of a run nobody executed yet answers with its follow-up already
-// started.
+// endSubmitSpan records the outcome and, for a request that started or
+// joined a run, the span's context in the run's link list (one pipelined
+// RPUSH, LTRIM, PEXPIRE: only when tracing is on). A request merged into
+// the key's next run (queued, or replacing the active one) left its context
+// in the key's follow-up links inside submit.lua, atomically with its
+// outcome, so the script that starts that run cannot miss it.
 func (r *Registry) endSubmitSpan(ctx context.Context, span trace.Span, k taskkey.Key, res SubmitResult, err error) {
 	if span == nil {
 		return
@@ -81,21 +80,14 @@ func (r *Registry) endSubmitSpan(ctx context.Context, span trace.Span, k taskkey
 		return
 	}
 	span.SetAttributes(attrRunID.String(res.Task.RunID), attrOutcome.String(string(res.Outcome)))
+	if res.Outcome != OutcomeStarted && res.Outcome != OutcomeJoined {
+		return
+	}
 	tp := traceparent(ctx)
 	if tp == "" || res.Task.RunID == "" {
 		return
 	}
-	var key string
-	switch {
-	case res.Outcome == OutcomeStarted || res.Outcome == OutcomeJoined:
-		key = r.ks.Links(k, res.Task.RunID)
-	case res.Outcome == OutcomeQueued || res.Outcome == OutcomeReplaced && res.Task.Status == StatusRunning:
-		key = r.ks.FollowUpLinks(k, res.Task.RunID)
-	case res.Outcome == OutcomeReplaced: // the view is the follow-up's, started by the replace
-		key = r.ks.Links(k, res.Task.RunID)
-	default: // skipped, throttled: merged into nothing
-		return
-	}
+	key := r.ks.Links(k, res.Task.RunID)
 	pipe := r.rdb.Pipeline()
 	pipe.RPush(ctx, key, tp)
 	pipe.LTrim(ctx, key, 0, linksMax-1)

@@ -216,6 +216,70 @@ func TestTracingLinksQueuedAndReplacingRequestsToTheFollowUp(t *testing.T) {
 	}
 }
 
+// A run nobody executed yet is replaced: the replace ends it and starts
+// the follow-up in one script, and the follow-up's span links both the
+// replacing request and one queued behind the replaced run before.
+func TestTracingLinksRequestsMergedIntoARunStartedByAReplace(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			rec := tracetest.NewSpanRecorder()
+			tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+			t.Cleanup(func() { _ = tp.Shutdown(ctx) })
+			e := newEnv(t, b.Client, Config{Prefix: "trr", Partitions: 2, TracerProvider: tp,
+				Jobs: []Job{clJob("traced", Stage{Name: "only", Handler: &counter{}})}})
+			caller := tp.Tracer("test")
+			var callers []trace.SpanContext
+			submit := func(name string, policy Policy, want Outcome) SubmitResult {
+				t.Helper()
+				sctx, span := caller.Start(ctx, name)
+				res, err := e.reg.Submit(sctx, "u9", "traced", SubmitOptions{Source: SourceManual, Policy: policy})
+				span.End()
+				if err != nil || res.Outcome != want {
+					t.Fatalf("%s: %v %v, want %s", name, res.Outcome, err, want)
+				}
+				callers = append(callers, span.SpanContext())
+				return res
+			}
+			// no runner yet: the first run stays queued
+			first := submit("sync now", PolicyJoin, OutcomeStarted)
+			submit("sync again after", PolicyQueue, OutcomeQueued)
+			replaced := submit("start over", PolicyReplace, OutcomeReplaced)
+			if replaced.Task.RunID == first.Task.RunID || replaced.Task.Status != StatusQueued {
+				t.Fatalf("the replace answered %+v, want the follow-up it started", replaced.Task)
+			}
+			e.startRunner(RunnerConfig{ID: "trr"})
+			e.waitStatus("u9", "traced", 10*time.Second, StatusDone)
+
+			var run sdktrace.ReadOnlySpan
+			submitOf := map[trace.SpanID]trace.SpanID{}
+			waitFor(t, 10*time.Second, "the follow-up's run span", func() bool {
+				for _, s := range rec.Ended() {
+					switch s.Name() {
+					case "tasklease.submit":
+						submitOf[s.Parent().SpanID()] = s.SpanContext().SpanID()
+					case "tasklease.run":
+						run = s
+					}
+				}
+				return run != nil
+			})
+			linked := map[trace.SpanID]bool{}
+			for _, l := range run.Links() {
+				linked[l.SpanContext.SpanID()] = true
+			}
+			for i, name := range []string{"queued", "replacing"} {
+				if !linked[submitOf[callers[i+1].SpanID()]] {
+					t.Errorf("the follow-up's span does not link the %s request; links %v", name, run.Links())
+				}
+			}
+			if linked[submitOf[callers[0].SpanID()]] {
+				t.Error("the follow-up's span links the request of the run it replaced")
+			}
+		})
+	}
+}
+
 // Off (no TracerProvider), tracing writes nothing to Redis and stages get
 // no trace context.
 func TestTracingOffWritesNothing(t *testing.T) {

@@ -5,9 +5,10 @@
 -- KEYS[4] people request stream   KEYS[5] history   KEYS[6] partition index
 -- KEYS[7] partition retry queue
 -- KEYS[8] partition watch key (views are published only while it exists)
--- KEYS[9], KEYS[10] (only when tracing is on) the trace links of the
---          requests queued behind this run, and those of its follow-up
---          (ARGV[12]): a follow-up started here takes the first as the second
+-- KEYS[9], KEYS[10] (only when tracing is on) the key's follow-up trace
+--          links (requests merged into its next run, see submit.lua) and
+--          the links of the follow-up run ARGV[12]: a follow-up started here
+--          takes the first as the second
 -- ARGV[1] owner   ARGV[2] token   ARGV[3] runId
 -- ARGV[4] result: done | failed | cancelled | retry | handback
 -- ARGV[5] stage completed by this call ("" if none)   ARGV[6] error text

@@ -104,9 +104,10 @@ end
 local function co_field(source, outcome) return 'c:' .. source .. ':' .. outcome end
 local function n_field(source, outcome) return 'n:' .. source .. ':' .. outcome end
 
--- co_of_run reports whether co value v belongs to run run_id.
+-- co_of_run reports whether co value v belongs to run run_id (without
+-- making strings: this is on every repeated request's path).
 local function co_of_run(v, run_id)
-  return v and run_id and string.sub(v, 1, #run_id + 1) == run_id .. ' '
+  return v and run_id and string.byte(v, #run_id + 1) == 32 and string.find(v, run_id, 1, true) == 1
 end
 
 -- repeat_count is the n_field value after one more repeat.
@@ -452,27 +453,38 @@ end
 -- field (on a record of ~20 fields an HMGET of all of them costs more than
 -- the rest of the request). Every script that writes a view field also
 -- writes 'v' = '' in the same HSET. The cache is used only while its stamp
--- (V_TAG, runId, status, stage, updatedAt, sources) still matches the
--- record, so a writer that does not clear it (an older version during a
--- rolling deploy) cannot make it answer with a stale run or stage.
-local V_TAG = 'v1' -- bump when VIEW_FIELDS changes (jobs.TestViewCacheTag pins it)
+-- (V_TAG, runId, status, updatedAt) still matches the record — every write
+-- of a view field sets updatedAt, in this version and before it —, so a
+-- writer that does not clear it (an older version during a rolling deploy)
+-- cannot make it answer with a stale run, status or stage.
+local V_TAG = 'v2' -- bump when VIEW_FIELDS or the stamp change (jobs.TestViewCacheTag pins it)
+
+-- LINKS_MAX bounds a run's trace links (jobs.linksMax).
+local LINKS_MAX = 32
 
 -- FAST_READ: after the co and n fields of the request's outcome.
-local FAST_READ = {'status', 'runId', 'sources', 'lane', 'stage', 'updatedAt', 'v'}
+local FAST_READ = {'status', 'runId', 'updatedAt', 'v'}
 
--- view_stamp is the prefix of a valid cached view for fast-read values f.
+-- view_stamp is the prefix of a valid cached view for fast-read values f,
+-- ending in RS (0x1E, which no stamp field holds): a view reply is always
+-- "<stamp>RS<view>", the stamp empty when the view was not cached
+-- (jobs.viewFromReply cuts at the first RS).
 local function view_stamp(f)
-  return V_TAG .. (f[4] or '') .. US .. f[3] .. US .. (f[7] or '') .. US .. (f[8] or '') .. US .. (f[5] or '') .. '\30'
+  return V_TAG .. (f[4] or '') .. US .. f[3] .. US .. (f[5] or '') .. '\30'
 end
 
 -- submit_fast answers a request that changes nothing but a counter — a
--- repeated join (of a source the run already has, needing no promotion)
--- or skip on an active run — with one HMGET of 9 fields and one HSET; the
--- view comes from the cache ('v'), or, on the first such request after a
--- change, from an HMGET of VIEW_FIELDS that refills it. want_view false
--- (callers that reply with outcomes only) skips the view.
--- Returns outcome and view, or nil — and false when there is no record —
--- when submit_one must decide.
+-- repeated join or skip on an active run — with one HMGET of 6 fields and
+-- one HSET; the view comes from the cache ('v'), or, on the first such
+-- request after a change, from an HMGET of VIEW_FIELDS that refills it.
+-- A repeat is a request whose source and outcome already have their co
+-- field in this run: the first of them went through submit_one, which
+-- wrote that field in the same HSET as everything a join changes (the
+-- source added to sources, a promotion to the people lane), and a run's
+-- sources only grow, so a repeat changes nothing. want_view false (callers
+-- that reply with outcomes only) skips the view.
+-- Returns outcome and view (with its stamp), or nil — and false when
+-- there is no record — when submit_one must decide.
 local function submit_fast(task, src, policy, now, want_view)
   local po = POLICY_OUTCOME[policy]
   if po ~= 'joined' and po ~= 'skipped' then return nil end
@@ -481,22 +493,34 @@ local function submit_fast(task, src, policy, now, want_view)
   if not status then return nil, false end
   if not (status == 'queued' or status == 'running' or status == 'retrying') then return nil, true end
   if not co_of_run(f[1], f[4]) then return nil, true end
-  if po == 'joined' and (not list_has(f[5], src) or (is_person(src) and status == 'queued' and f[6] ~= 'p')) then
-    return nil, true
-  end
   local count = repeat_count(f[2], now)
   if not want_view then
     redis.call('HSET', task, n_field(src, po), count)
     return po, ''
   end
-  local stamp, v = view_stamp(f), f[9]
-  if v and string.sub(v, 1, #stamp) == stamp then
+  local stamp, v = view_stamp(f), f[6]
+  if v and string.find(v, stamp, 1, true) == 1 then
     redis.call('HSET', task, n_field(src, po), count)
-    return po, string.sub(v, #stamp + 1)
+    return po, v
   end
-  local view = view_reply(nil, redis.call('HMGET', task, unpack(VIEW_FIELDS)), 0)
-  redis.call('HSET', task, n_field(src, po), count, 'v', stamp .. view)
-  return po, view
+  v = stamp .. view_reply(nil, redis.call('HMGET', task, unpack(VIEW_FIELDS)), 0)
+  redis.call('HSET', task, n_field(src, po), count, 'v', v)
+  return po, v
+end
+
+-- follow_up_link keeps the trace context of a request merged into the
+-- key's next run (queued, or replacing the active run) in the key's
+-- follow-up links (submit.lua, when traced), which the script that starts
+-- that run renames to its links (finish_terminal). The first such request
+-- of a run (no follow-up queued yet, follow_up not '1') drops what a
+-- follow-up that never started (cancelled) left there.
+local function follow_up_link(a, follow_up)
+  if not a.links_next then return end
+  if follow_up ~= '1' then redis.call('DEL', a.links_next) end
+  if a.tp == '' then return end
+  redis.call('RPUSH', a.links_next, a.tp)
+  redis.call('LTRIM', a.links_next, 0, LINKS_MAX - 1)
+  if tonumber(a.retention) > 0 then redis.call('PEXPIRE', a.links_next, a.retention) end
 end
 
 -- submit_one routes one TaskStartRequest (see submit.lua for the rules);
@@ -585,6 +609,7 @@ local function submit_one(a, vals)
     coalesce('skipped', 'skipped', vals[1], vals[2])
     outcome = 'skipped'
   elseif a.policy == 'queue' then
+    follow_up_link(a, r.followUp)
     put('followUp', '1')
     put('followUpSources', list_add(r.followUpSources, src))
     put('updatedAt', now)
@@ -596,6 +621,7 @@ local function submit_one(a, vals)
     -- retry backoff) is ended here; a running one is flagged, and its
     -- holder ends it as cancelled, which starts the follow-up.
     hist_add(hist, a.cap, now, 'requested', cur, {source = src, outcome = 'replaced'})
+    follow_up_link(a, r.followUp)
     put('followUp', '1')
     put('followUpSources', src)
     if status == 'running' then
@@ -609,7 +635,7 @@ local function submit_one(a, vals)
       redis.call('ZREM', a.retry, cur .. ' ' .. a.key)
       finish_terminal({task = task, streams = a.streams, hist = hist, index = a.index, group = a.group, cap = a.cap,
         retention = a.retention, next_run_id = a.run_id, stages = a.stages,
-        max_attempts = a.max_attempts, now = now}, 'cancelled', 'replaced')
+        max_attempts = a.max_attempts, now = now, links_from = a.links_next, links_to = a.links_new}, 'cancelled', 'replaced')
       r = nil -- rewritten: the caller reads the view again
     end
     outcome, changed = 'replaced', true
@@ -619,7 +645,7 @@ local function submit_one(a, vals)
   if #set > 0 then redis.call('HSET', task, unpack(set)) end
   if changed then publish_view(task, a.events, a.watch) end
   if not r then return outcome end -- rewritten: the caller reads the view
-  return outcome, view_reply(r)
+  return outcome, '\30' .. view_reply(r)
 end
 
 -- read_lanes reads up to n new entries for consumer from the preferred

@@ -9,31 +9,46 @@
 -- KEYS, per partition block q (1..np), KEYS[5q-4 .. 5q]: bulk request
 --   stream, index, retry queue, watch key (views are published only while
 --   it exists), people request stream
--- then per request i (1..n), with b = 5np: KEYS[b+3i-2] task record
---   KEYS[b+3i-1] history   KEYS[b+3i] subjects of the request's scope (zset)
+-- then per request i (1..n), with b = 5np and kr = 3 (5 when traced):
+--   KEYS[b+kr(i-1)+1] task record   KEYS[b+kr(i-1)+2] history
+--   KEYS[b+kr(i-1)+3] subjects of the request's scope (zset)
+--   traced: KEYS[b+kr(i-1)+4] the key's follow-up trace links (the trace
+--   contexts of requests merged into its next run)   KEYS[b+kr(i-1)+5] the
+--   trace links of the run this request would start
 -- ARGV[1] history cap   ARGV[2] group   ARGV[3] retention (ms)   ARGV[4] np
--- per partition block q: ARGV[3+2q] events channel   ARGV[4+2q] cancel channel
--- per request i, ARGV[j+1 .. j+9] with j = 4 + 2np + 9(i-1): partition
---   block q, task key, subject, source, policy, new run id, stages (comma
---   list), maxAttempts, minInterval (ms, 0 = none)
--- returns per request: outcome, view (VIEW_FIELDS, US-separated: view_reply;
---   for started, only the server time in ms: the caller knows the rest)
+-- ARGV[5] '1' when traced (tracing on: the per-request layout above), else '0'
+-- per partition block q: ARGV[4+2q] events channel   ARGV[5+2q] cancel channel
+-- per request i, ARGV[j+1 .. j+ar] with j = 5 + 2np + ar(i-1), ar = 9 (10
+--   when traced): partition block q, task key, subject, source, policy, new
+--   run id, stages (comma list), maxAttempts, minInterval (ms, 0 = none),
+--   traced: the request's W3C traceparent ('' for none)
+-- A traced request answered queued (or replaced while the run executes)
+-- leaves its trace context in the follow-up links, in this script, so the
+-- finish that starts the follow-up (which renames them to its run's links)
+-- cannot miss it; started and joined requests are linked by the caller.
+-- returns per request: outcome, view ("<stamp>RS<view>": the cached view's
+--   stamp, or none, then VIEW_FIELDS US-separated, see view_stamp and
+--   view_reply; for started, only the server time in ms: the caller knows
+--   the rest)
 --   outcome: started | joined | queued | skipped | replaced | throttled
--- Cost: a repeated join or skip is one HMGET of 9 fields and one HSET of a
+-- Cost: a repeated join or skip is one HMGET of 6 fields and one HSET of a
 -- counter (the view comes from the record's cache, see submit_fast; plus
 -- TIME once per call); a new run is that HMGET, XADD, HSET, RPUSH, ZADD
 -- index (and the subjects ZADD for requests that are not schedule), EXISTS
 -- watch.
 local now = now_ms()
 local np = tonumber(ARGV[4])
-local base_k, base_a = 5 * np, 4 + 2 * np
+local traced = ARGV[5] == '1'
+local kr, ar = 3, 9
+if traced then kr, ar = 5, 10 end
+local base_k, base_a = 5 * np, 5 + 2 * np
 local blocks = {}
 local out = {}
 -- submit_one's arguments: one table for the call, its per-request fields
 -- rewritten (a table per request cost more than the rest of a new run's Lua)
 local a = {cap = ARGV[1], group = ARGV[2], retention = ARGV[3], occ_field = '', occ = '', now = now}
-for i = 1, (#KEYS - base_k) / 3 do
-  local k, j = base_k + 3 * i - 2, base_a + 9 * (i - 1)
+for i = 1, (#KEYS - base_k) / kr do
+  local k, j = base_k + kr * (i - 1) + 1, base_a + ar * (i - 1)
   local task, source, policy = KEYS[k], ARGV[j + 4], ARGV[j + 5]
   local outcome, view = submit_fast(task, source, policy, now, true)
   if not outcome then
@@ -50,10 +65,11 @@ for i = 1, (#KEYS - base_k) / 3 do
       KEYS[k + 2], KEYS[pk + 2], KEYS[pk + 3]
     a.key, a.subject, a.source, a.policy, a.run_id = ARGV[j + 2], ARGV[j + 3], source, policy, ARGV[j + 6]
     a.stages, a.max_attempts, a.min_interval = ARGV[j + 7], ARGV[j + 8], tonumber(ARGV[j + 9])
-    a.events, a.cancels = ARGV[3 + 2 * q], ARGV[4 + 2 * q]
+    a.events, a.cancels = ARGV[4 + 2 * q], ARGV[5 + 2 * q]
+    if traced then a.links_next, a.links_new, a.tp = KEYS[k + 3], KEYS[k + 4], ARGV[j + 10] end
     outcome, view = submit_one(a, vals)
   end
-  if not view then view = view_reply(nil, redis.call('HMGET', task, unpack(VIEW_FIELDS)), 0) end
+  if not view then view = '\30' .. view_reply(nil, redis.call('HMGET', task, unpack(VIEW_FIELDS)), 0) end
   out[#out + 1] = outcome
   out[#out + 1] = view
 end

@@ -194,11 +194,12 @@ func (s *Space) Links(k taskkey.Key, runID string) string {
 	return s.taskKey("links", k) + "|" + runID
 }
 
-// FollowUpLinks is the list of W3C trace contexts of the requests queued
-// (or replacing) behind run runID of k: they are merged into its follow-up
-// run, whose Links the list becomes when the finish of runID starts it.
-func (s *Space) FollowUpLinks(k taskkey.Key, runID string) string {
-	return s.Links(k, runID) + "|next"
+// FollowUpLinks is the list of W3C trace contexts of the requests merged
+// into k's next run (queued behind its active run, or replacing it): the
+// script that starts that run renames it to the run's Links. A key has at
+// most one follow-up waiting, so the list needs no run id.
+func (s *Space) FollowUpLinks(k taskkey.Key) string {
+	return s.taskKey("links", k) + "|next"
 }
 
 // Events is partition p's pub/sub channel of TaskView changes.
