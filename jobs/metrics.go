@@ -61,8 +61,18 @@ func (m *Metrics) register(reg prometheus.Registerer, depth func(context.Context
 		Name: "tasklease_queue_depth", Help: "Requests waiting in the partition streams (pending included).",
 		ConstLabels: prometheus.Labels{"queue": "retry"},
 	}, func() float64 { _, r, _ := depthNow(depth); return float64(r) })
+	// Whether this process reaches Redis, as /readyz says: the alert a
+	// scraper can evaluate without probing the pod itself.
+	redisUp := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tasklease_redis_up", Help: "1 when this process reached Redis at the last scrape, else 0.",
+	}, func() float64 {
+		if _, _, err := depthNow(depth); err != nil {
+			return 0
+		}
+		return 1
+	})
 	for _, c := range []prometheus.Collector{m.requests, m.runs, m.stageDuration, m.leaseGrants,
-		m.leaseLosses, m.takeovers, m.retries, m.active, streamDepth, retryDepth} {
+		m.leaseLosses, m.takeovers, m.retries, m.active, streamDepth, retryDepth, redisUp} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {
