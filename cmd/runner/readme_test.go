@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -308,4 +309,57 @@ func readSpans(glob string) ([]stdoutSpan, error) {
 		}
 	}
 	return out, nil
+}
+
+// The README's upgrade clean-ups (redis-cli pipelines in Operations) delete
+// the keys older versions left and nothing else.
+func TestREADMEUpgradeCleanup(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmds := regexp.MustCompile("`(redis-cli --scan [^`]*)`").FindAllStringSubmatch(string(b), -1)
+	if len(cmds) != 2 {
+		t.Fatalf("want the README's two redis-cli clean-ups, found %d", len(cmds))
+	}
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		if redistest.RequireRedis() {
+			t.Fatal(err)
+		}
+		t.Skip("redis-cli is not on PATH")
+	}
+	srv := redistest.StartServer(t)
+	rdb := srv.Client(t)
+	ctx := t.Context()
+	left := []string{"{tasklease:p1}:task:u1|s", "{tasklease:p1}:history:u1|s", "{tasklease:p1}:subjects-seen:s", "{tasklease:p1}:links:u1|s|next"}
+	gone := []string{"{tasklease:p1}:hist:u1|s", "{tasklease:p2}:hist:u2|s", "{tasklease:p1}:subjects:s"}
+	for _, k := range append(slices.Clone(left), gone...) {
+		if err := rdb.Set(ctx, k, "x", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// redis-cli on PATH talks to the test's server
+	bin := t.TempDir()
+	shim := "#!/bin/sh\nexec " + cli + " -h 127.0.0.1 -p " + strings.TrimPrefix(srv.Addr(), "127.0.0.1:") + " \"$@\"\n"
+	if err := os.WriteFile(filepath.Join(bin, "redis-cli"), []byte(shim), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cmds {
+		cmd := exec.CommandContext(ctx, "bash", "-e", "-o", "pipefail", "-c", c[1])
+		cmd.Env = append(os.Environ(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v\n%s", c[1], err, out)
+		}
+	}
+	for _, k := range left {
+		if n, _ := rdb.Exists(ctx, k).Result(); n != 1 {
+			t.Errorf("%s was deleted", k)
+		}
+	}
+	for _, k := range gone {
+		if n, _ := rdb.Exists(ctx, k).Result(); n != 0 {
+			t.Errorf("%s is still there", k)
+		}
+	}
 }
