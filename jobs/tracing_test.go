@@ -26,9 +26,7 @@ func TestTracingLinksEveryMergedRequestToTheRun(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
 			ctx := context.Background()
-			rec := tracetest.NewSpanRecorder()
-			tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-			t.Cleanup(func() { _ = tp.Shutdown(ctx) })
+			tp, rec := recordingProvider(t)
 
 			var mu sync.Mutex
 			var gotHeader string
@@ -130,66 +128,88 @@ func TestTracingLinksEveryMergedRequestToTheRun(t *testing.T) {
 	}
 }
 
+// recordingProvider is a tracer provider that keeps every ended span.
+func recordingProvider(t *testing.T) (*sdktrace.TracerProvider, *tracetest.SpanRecorder) {
+	t.Helper()
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	return tp, rec
+}
+
+// tracedSubmit submits under a caller's span named name, as an
+// instrumented API would, checks the outcome and returns the result and
+// the caller span's context.
+func tracedSubmit(t *testing.T, e *testEnv, tp trace.TracerProvider, name, subject, scope string, src Source, policy Policy, want Outcome) (SubmitResult, trace.SpanContext) {
+	t.Helper()
+	ctx, span := tp.Tracer("test").Start(context.Background(), name)
+	res, err := e.reg.Submit(ctx, subject, scope, SubmitOptions{Source: src, Policy: policy})
+	span.End()
+	if err != nil || res.Outcome != want {
+		t.Fatalf("%s: %v %v, want %s", name, res.Outcome, err, want)
+	}
+	return res, span.SpanContext()
+}
+
+// endedSpans waits until cond holds of the spans ended so far: the
+// submit span of each request by its caller's span id, and the run spans
+// by run id.
+func endedSpans(t *testing.T, rec *tracetest.SpanRecorder, what string, cond func(submitOf map[trace.SpanID]trace.SpanID, runs map[string]sdktrace.ReadOnlySpan) bool) (map[trace.SpanID]trace.SpanID, map[string]sdktrace.ReadOnlySpan) {
+	t.Helper()
+	var submitOf map[trace.SpanID]trace.SpanID
+	var runs map[string]sdktrace.ReadOnlySpan
+	waitFor(t, 10*time.Second, what, func() bool {
+		submitOf, runs = map[trace.SpanID]trace.SpanID{}, map[string]sdktrace.ReadOnlySpan{}
+		for _, s := range rec.Ended() {
+			switch s.Name() {
+			case "tasklease.submit":
+				submitOf[s.Parent().SpanID()] = s.SpanContext().SpanID()
+			case "tasklease.run":
+				for _, kv := range s.Attributes() {
+					if kv.Key == attrRunID {
+						runs[kv.Value.AsString()] = s
+					}
+				}
+			}
+		}
+		return cond(submitOf, runs)
+	})
+	return submitOf, runs
+}
+
+// linkedIDs is the span ids s links.
+func linkedIDs(s sdktrace.ReadOnlySpan) map[trace.SpanID]bool {
+	out := map[trace.SpanID]bool{}
+	for _, l := range s.Links() {
+		out[l.SpanContext.SpanID()] = true
+	}
+	return out
+}
+
 // A request queued behind a running run and one replacing it are merged
-// into the run that follows it: that run's span links both (their trace
-// contexts wait in the running run's follow-up list, which the finish that
-// starts the follow-up renames into place), and the replaced run's span
-// links neither.
+// into the run that follows it: that run's span links both (submit.lua
+// keeps their trace contexts in the key's follow-up links, which the
+// finish that starts the follow-up renames into place), and the replaced
+// run's span links neither.
 func TestTracingLinksQueuedAndReplacingRequestsToTheFollowUp(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
-			ctx := context.Background()
-			rec := tracetest.NewSpanRecorder()
-			tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-			t.Cleanup(func() { _ = tp.Shutdown(ctx) })
+			tp, rec := recordingProvider(t)
 			g := newGate()
 			e := newEnv(t, b.Client, Config{Prefix: "trq", Partitions: 2, TracerProvider: tp,
 				Jobs: []Job{clJob("traced", Stage{Name: "held", Handler: g})}})
 			e.startRunner(RunnerConfig{ID: "trq"})
-			caller := tp.Tracer("test")
-			submit := func(name string, src Source, policy Policy, want Outcome) (SubmitResult, trace.SpanContext) {
-				t.Helper()
-				sctx, span := caller.Start(ctx, name)
-				res, err := e.reg.Submit(sctx, "u7", "traced", SubmitOptions{Source: src, Policy: policy})
-				span.End()
-				if err != nil || res.Outcome != want {
-					t.Fatalf("%s: %v %v, want %s", name, res.Outcome, err, want)
-				}
-				return res, span.SpanContext()
-			}
-			first, _ := submit("sync now", SourceManual, PolicyJoin, OutcomeStarted)
+			first, _ := tracedSubmit(t, e, tp, "sync now", "u7", "traced", SourceManual, PolicyJoin, OutcomeStarted)
 			waitFor(t, 10*time.Second, "the first run to execute", func() bool { return g.count() == 1 })
-			_, queued := submit("sync again later", SourceForeground, PolicyQueue, OutcomeQueued)
-			_, replacing := submit("start over", SourceManual, PolicyReplace, OutcomeReplaced)
+			_, queued := tracedSubmit(t, e, tp, "sync again later", "u7", "traced", SourceForeground, PolicyQueue, OutcomeQueued)
+			_, replacing := tracedSubmit(t, e, tp, "start over", "u7", "traced", SourceManual, PolicyReplace, OutcomeReplaced)
 			waitFor(t, 10*time.Second, "the follow-up to execute", func() bool { return g.count() == 2 })
 			g.open()
 			e.waitStatus("u7", "traced", 10*time.Second, StatusDone)
 
-			// the submit span of each request, by its caller's span
-			submitOf := map[trace.SpanID]trace.SpanID{}
-			runs := map[string]sdktrace.ReadOnlySpan{}
-			waitFor(t, 10*time.Second, "both run spans to end", func() bool {
-				for _, s := range rec.Ended() {
-					switch s.Name() {
-					case "tasklease.submit":
-						submitOf[s.Parent().SpanID()] = s.SpanContext().SpanID()
-					case "tasklease.run":
-						for _, kv := range s.Attributes() {
-							if kv.Key == attrRunID {
-								runs[kv.Value.AsString()] = s
-							}
-						}
-					}
-				}
+			submitOf, runs := endedSpans(t, rec, "both run spans to end", func(_ map[trace.SpanID]trace.SpanID, runs map[string]sdktrace.ReadOnlySpan) bool {
 				return len(runs) == 2
 			})
-			links := func(s sdktrace.ReadOnlySpan) map[trace.SpanID]bool {
-				out := map[trace.SpanID]bool{}
-				for _, l := range s.Links() {
-					out[l.SpanContext.SpanID()] = true
-				}
-				return out
-			}
 			replaced := runs[first.Task.RunID]
 			if replaced == nil {
 				t.Fatalf("no span of the first run %s among %v", first.Task.RunID, runs)
@@ -205,10 +225,10 @@ func TestTracingLinksQueuedAndReplacingRequestsToTheFollowUp(t *testing.T) {
 				if !ok {
 					t.Fatalf("no submit span for the %s request", name)
 				}
-				if !links(followUp)[sub] {
+				if !linkedIDs(followUp)[sub] {
 					t.Errorf("the follow-up run's span does not link the %s request; links %v", name, followUp.Links())
 				}
-				if links(replaced)[sub] {
+				if linkedIDs(replaced)[sub] {
 					t.Errorf("the replaced run's span links the %s request", name)
 				}
 			}
@@ -222,58 +242,29 @@ func TestTracingLinksQueuedAndReplacingRequestsToTheFollowUp(t *testing.T) {
 func TestTracingLinksRequestsMergedIntoARunStartedByAReplace(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
-			ctx := context.Background()
-			rec := tracetest.NewSpanRecorder()
-			tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-			t.Cleanup(func() { _ = tp.Shutdown(ctx) })
+			tp, rec := recordingProvider(t)
 			e := newEnv(t, b.Client, Config{Prefix: "trr", Partitions: 2, TracerProvider: tp,
 				Jobs: []Job{clJob("traced", Stage{Name: "only", Handler: &counter{}})}})
-			caller := tp.Tracer("test")
-			var callers []trace.SpanContext
-			submit := func(name string, policy Policy, want Outcome) SubmitResult {
-				t.Helper()
-				sctx, span := caller.Start(ctx, name)
-				res, err := e.reg.Submit(sctx, "u9", "traced", SubmitOptions{Source: SourceManual, Policy: policy})
-				span.End()
-				if err != nil || res.Outcome != want {
-					t.Fatalf("%s: %v %v, want %s", name, res.Outcome, err, want)
-				}
-				callers = append(callers, span.SpanContext())
-				return res
-			}
 			// no runner yet: the first run stays queued
-			first := submit("sync now", PolicyJoin, OutcomeStarted)
-			submit("sync again after", PolicyQueue, OutcomeQueued)
-			replaced := submit("start over", PolicyReplace, OutcomeReplaced)
+			first, started := tracedSubmit(t, e, tp, "sync now", "u9", "traced", SourceManual, PolicyJoin, OutcomeStarted)
+			_, queued := tracedSubmit(t, e, tp, "sync again after", "u9", "traced", SourceManual, PolicyQueue, OutcomeQueued)
+			replaced, replacing := tracedSubmit(t, e, tp, "start over", "u9", "traced", SourceManual, PolicyReplace, OutcomeReplaced)
 			if replaced.Task.RunID == first.Task.RunID || replaced.Task.Status != StatusQueued {
 				t.Fatalf("the replace answered %+v, want the follow-up it started", replaced.Task)
 			}
 			e.startRunner(RunnerConfig{ID: "trr"})
 			e.waitStatus("u9", "traced", 10*time.Second, StatusDone)
 
-			var run sdktrace.ReadOnlySpan
-			submitOf := map[trace.SpanID]trace.SpanID{}
-			waitFor(t, 10*time.Second, "the follow-up's run span", func() bool {
-				for _, s := range rec.Ended() {
-					switch s.Name() {
-					case "tasklease.submit":
-						submitOf[s.Parent().SpanID()] = s.SpanContext().SpanID()
-					case "tasklease.run":
-						run = s
-					}
-				}
-				return run != nil
+			submitOf, runs := endedSpans(t, rec, "the follow-up's run span", func(_ map[trace.SpanID]trace.SpanID, runs map[string]sdktrace.ReadOnlySpan) bool {
+				return runs[replaced.Task.RunID] != nil
 			})
-			linked := map[trace.SpanID]bool{}
-			for _, l := range run.Links() {
-				linked[l.SpanContext.SpanID()] = true
-			}
-			for i, name := range []string{"queued", "replacing"} {
-				if !linked[submitOf[callers[i+1].SpanID()]] {
-					t.Errorf("the follow-up's span does not link the %s request; links %v", name, run.Links())
+			linked := linkedIDs(runs[replaced.Task.RunID])
+			for name, caller := range map[string]trace.SpanContext{"queued": queued, "replacing": replacing} {
+				if !linked[submitOf[caller.SpanID()]] {
+					t.Errorf("the follow-up's span does not link the %s request; links %v", name, runs[replaced.Task.RunID].Links())
 				}
 			}
-			if linked[submitOf[callers[0].SpanID()]] {
+			if linked[submitOf[started.SpanID()]] {
 				t.Error("the follow-up's span links the request of the run it replaced")
 			}
 		})
