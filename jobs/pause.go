@@ -58,16 +58,18 @@ func (r *Registry) Resume(ctx context.Context, scope string) (int, error) {
 
 // resumePartition runs resume.lua on partition p until nothing of scope
 // is parked there: the first call unpauses the partition, so no run is
-// parked after it, and later pages take what was parked before.
+// parked after it; only a read of the parked set made after that call
+// settles that nothing is left — a claim may park a run between the first
+// read and the first call.
 func (r *Registry) resumePartition(ctx context.Context, p int, scope string) (int, error) {
 	rng := &redis.ZRangeBy{Min: "[" + scope + " ", Max: "[" + scope + " \xff", Count: resumeBatch}
 	total := 0
-	for first := true; ; first = false {
+	for unpaused := false; ; unpaused = true {
 		members, err := r.rdb.ZRangeByLex(ctx, r.ks.Parked(p), rng).Result()
 		if err != nil {
 			return total, err
 		}
-		if len(members) == 0 && !first {
+		if len(members) == 0 && unpaused {
 			return total, nil
 		}
 		keys := []string{r.ks.Paused(p), r.ks.Parked(p), r.ks.Requests(p), r.ks.PeopleRequests(p), r.ks.Watch(p)}
@@ -88,9 +90,6 @@ func (r *Registry) resumePartition(ctx context.Context, p int, scope string) (in
 			return total, err
 		}
 		total += n
-		if len(members) == 0 {
-			return total, nil
-		}
 	}
 }
 

@@ -8,9 +8,13 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tasklease/tasklease/internal/keyspace"
 	"github.com/tasklease/tasklease/internal/redistest"
 )
 
@@ -144,6 +148,84 @@ func TestPauseLetsRunningRunsFinish(t *testing.T) {
 			e.waitStatus("r2", psPaused, 10*time.Second, StatusDone)
 			if c := g.count(); c != 2 {
 				t.Errorf("%d executions, want 2", c)
+			}
+		})
+	}
+}
+
+// parkDuringRead is a go-redis hook that calls fn once, right after the
+// first read of a partition's parked set: the moment a claim can park a
+// run while Resume is under way.
+type parkDuringRead struct {
+	once sync.Once
+	fn   func()
+}
+
+func (h *parkDuringRead) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *parkDuringRead) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *parkDuringRead) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if cmd.Name() == "zrangebylex" {
+			h.once.Do(h.fn)
+		}
+		return err
+	}
+}
+
+// A run a claim parks after Resume read the (empty) parked set of its
+// partition, but before Resume's script unpaused the partition, is
+// re-queued too (chaos, cluster: a key stayed "scope sync is paused" for
+// good when the last pause of a run was resumed within milliseconds).
+func TestResumeRequeuesARunParkedWhileItReads(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			cfg := Config{Prefix: "ps3", Partitions: 1, Jobs: []Job{clJob(psPaused, Stage{Name: "only", Handler: &counter{}})}}
+			admin := newEnv(t, b.Client, cfg)
+			rn, err := NewRunner(admin.reg, RunnerConfig{ID: "ps3"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := rn.ensureGroups(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := admin.reg.Pause(ctx, psPaused); err != nil {
+				t.Fatal(err)
+			}
+			// The resuming process: its read of the parked set lets a claim
+			// park a run of the paused scope before it goes on.
+			rc := redis.NewClient(b.Client.(*redis.Client).Options())
+			t.Cleanup(func() { rc.Close() })
+			rc.AddHook(&parkDuringRead{fn: func() {
+				clSubmit(t, admin.reg, "late", psPaused, SourceManual, "")
+				res, err := admin.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: keyspace.Group, Consumer: rn.owner,
+					Streams: []string{admin.reg.ks.PeopleRequests(0), ">"}, Count: 10, Block: -1}).Result()
+				if err != nil || len(res[0].Messages) != 1 {
+					t.Fatalf("read of the late request: %v %v", res, err)
+				}
+				m := res[0].Messages[0]
+				e, _ := entryFrom(0, keyspace.LanePeople, m.ID, m.Values)
+				claims, err := rn.claim(ctx, 0, []entry{e})
+				if err != nil || claims[0].kind != claimPaused {
+					t.Fatalf("claim of the late request: %+v %v, want it parked", claims, err)
+				}
+			}})
+			resumer := newEnv(t, rc, cfg)
+			if n, err := resumer.reg.Resume(ctx, psPaused); err != nil || n != 1 {
+				t.Fatalf("Resume = %d %v, want the late run re-queued", n, err)
+			}
+			v, err := admin.reg.Get(ctx, "late", psPaused)
+			if err != nil || v.Status != StatusQueued || v.Waiting != "" {
+				t.Fatalf("late run after resume: %+v %v, want queued and not waiting", v, err)
+			}
+			if n := admin.rdb.ZCard(ctx, admin.reg.ks.Parked(0)).Val(); n != 0 {
+				t.Errorf("%d runs still parked", n)
+			}
+			if n := admin.rdb.XLen(ctx, admin.reg.ks.PeopleRequests(0)).Val(); n != 1 {
+				t.Errorf("%d entries in the people lane, want the late run's", n)
 			}
 		})
 	}
