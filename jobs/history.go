@@ -15,7 +15,7 @@ import (
 )
 
 // histSep separates the fields of an encoded history event (lua/lib.lua
-// hist_entry): at, event, runId, source, stage, outcome, owner,
+// hist_ev): at, event, runId, source, stage, outcome, owner,
 // fencingToken, error, and for folded repeats count and lastAt.
 const histSep = "\x1f"
 

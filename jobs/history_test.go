@@ -339,7 +339,7 @@ func TestHistoryCapAndNewestFirst(t *testing.T) {
 	}
 }
 
-// hsEncode builds a history entry as lua/lib.lua hist_entry does (and,
+// hsEncode builds a history entry as lua/lib.lua hist_ev does (and,
 // with count > 1, as co_fold leaves it).
 func hsEncode(at int64, event, runID, source, stage, outcome, owner string, token int64, errText string, count int, lastAt int64) string {
 	f := []string{strconv.FormatInt(at, 10), event, runID, source, stage, outcome, owner, strconv.FormatInt(token, 10), errText}
@@ -349,7 +349,7 @@ func hsEncode(at int64, event, runID, source, stage, outcome, owner string, toke
 	return strings.Join(f, histSep)
 }
 
-// parseEvent never panics, and decodes what hist_entry and co_fold encode.
+// parseEvent never panics, and decodes what hist_ev and co_fold encode.
 func FuzzParseEvent(f *testing.F) {
 	f.Add(int64(1767225600000), "joined", "r1", "manual", "", "joined", "", int64(0), "", 1000, int64(1767225600005))
 	f.Add(int64(1), "failed", "r2", "", "pushing", "", "pod-a/x", int64(1767225600000123), "boom: 409", 1, int64(0))
@@ -363,7 +363,7 @@ func FuzzParseEvent(f *testing.F) {
 			}
 		}
 		// A well-formed entry round-trips. Fields never hold the separator
-		// (hist_entry replaces it in errors; the others are names and ids).
+		// (hist_ev replaces it in errors; the others are names and ids).
 		clean := func(s string) string { return strings.ReplaceAll(s, histSep, " ") }
 		event, runID, source, stage, outcome, owner, errText = clean(event), clean(runID), clean(source), clean(stage), clean(outcome), clean(owner), clean(errText)
 		if count < 1 {
@@ -385,7 +385,7 @@ func FuzzParseEvent(f *testing.F) {
 }
 
 // A stage error holding the field separator cannot shift the fields of its
-// event (hist_entry replaces it), and the event reads back whole.
+// event (hist_ev replaces it), and the event reads back whole.
 func TestHistoryErrorWithSeparator(t *testing.T) {
 	t.Parallel()
 	m := redistest.StartMini(t)

@@ -16,6 +16,6 @@ if list_at(rec[3], done + 1) ~= ARGV[4] then return {-1} end
 local nxt = list_at(rec[3], done + 2)
 local now = now_ms()
 redis.call('HSET', KEYS[2], 'done', done + 1, 'stage', nxt, 'cursor', '', 'updatedAt', now, 'v', '')
-hist_add(KEYS[3], ARGV[5], now, 'stage', ARGV[3], {stage = ARGV[4], outcome = 'done', owner = ARGV[1], token = ARGV[2]})
+hist_push(KEYS[3], ARGV[5], hist_ev(now, 'stage', ARGV[3], '', ARGV[4], 'done', ARGV[1], ARGV[2]))
 publish_view(KEYS[2], ARGV[6], KEYS[4])
 return {1, nxt}

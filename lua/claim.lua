@@ -51,6 +51,12 @@ local function scope_paused(task)
   return paused[scope] == true, scope, string.sub(key, 1, bar - 1)
 end
 
+-- ending is what finish_terminal needs when the claim ends a run (rare).
+local function ending(task, hist, next_run_id, def_stages, def_max)
+  return {task = task, streams = streams, hist = hist, index = KEYS[1], group = group, cap = cap,
+    retention = ARGV[5], next_run_id = next_run_id, stages = def_stages, max_attempts = def_max, now = now}
+end
+
 local function claim_one(task, lease_key, hist, lane, entry_id, run_id, source, ttl, next_run_id, def_stages, def_max)
   local stream = streams[lane] or streams.b
   local rec = redis.call('HMGET', task, unpack(CLAIM_READ))
@@ -71,14 +77,9 @@ local function claim_one(task, lease_key, hist, lane, entry_id, run_id, source, 
     return {'busy', holder, pttl}
   end
 
-  -- what finish_terminal needs when the claim ends the run here (rare)
-  local function ending()
-    return {task = task, streams = streams, hist = hist, index = KEYS[1], group = group, cap = cap,
-      retention = ARGV[5], next_run_id = next_run_id, stages = def_stages, max_attempts = def_max, now = now}
-  end
   -- A cancel (or replace) ends the run at once, even during its retry backoff.
   if rec[3] == '1' then
-    finish_terminal(ending(), 'cancelled', 'cancelled')
+    finish_terminal(ending(task, hist, next_run_id, def_stages, def_max), 'cancelled', 'cancelled')
     publish_view(task, channel, KEYS[2])
     return {'ack'}
   end
@@ -135,9 +136,9 @@ local function claim_one(task, lease_key, hist, lane, entry_id, run_id, source, 
   if status == 'running' then
     -- The previous holder's lease expired without a finish: it crashed,
     -- paused or was cut off.
-    hist_add(hist, cap, now, 'lease-lost', run_id, {owner = redis.call('HGET', task, 'owner') or '', token = rec[6] or ''})
+    hist_push(hist, cap, hist_ev(now, 'lease-lost', run_id, '', '', '', redis.call('HGET', task, 'owner'), rec[6]))
     if attempt >= max_attempts then
-      finish_terminal(ending(), 'failed', 'lease expired on the last attempt (' .. attempt .. ' of ' .. max_attempts .. ')')
+      finish_terminal(ending(task, hist, next_run_id, def_stages, def_max), 'failed', 'lease expired on the last attempt (' .. attempt .. ' of ' .. max_attempts .. ')')
       publish_view(task, channel, KEYS[2])
       return {'ack'}
     end
@@ -177,11 +178,12 @@ local function claim_one(task, lease_key, hist, lane, entry_id, run_id, source, 
   -- 'recovered' is reserved for crash recovery (the lease expired while
   -- running); a retry or a handed-back run is 'started' again, with its
   -- recovery mode as the outcome.
-  local ev = {source = source, stage = stage, owner = owner, token = token}
+  local outcome = nil
   if attempt_now > 1 or done > 0 or cursor ~= '' then
-    ev.outcome = recovery_mode(done, cursor, #split(rec[8], ','))
+    outcome = recovery_mode(done, cursor, #split(rec[8], ','))
   end
-  hist_add(hist, cap, now, status == 'running' and 'recovered' or 'started', run_id, ev)
+  hist_push(hist, cap, hist_ev(now, status == 'running' and 'recovered' or 'started', run_id, source, stage, outcome,
+    owner, token))
   publish_view(task, channel, KEYS[2])
   return {'granted', token, done, cursor, attempt_now, rec[8], sources, started, status}
 end

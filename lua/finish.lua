@@ -27,7 +27,7 @@
 --          instead of read
 -- returns {1, status after}   {0, ''} not held   {-1, ''} ARGV[5] is not the
 -- current stage — each followed by the entries read (lane, id, fields)
--- Cost of a done run: GET lease, HMGET of 8 fields (FIN_READ; a retry or
+-- Cost of a done run: GET lease, HMGET of 8 fields (a retry or
 -- hand-back reads 3 more, a follow-up's start 3 more), TIME, DEL lease, XACK, XDEL, HSET,
 -- RPUSH (the stage and the result events together), ZADD index, PEXPIRE x2,
 -- EXISTS watch; the read adds XLEN per lane and XREADGROUP for a lane with
@@ -37,9 +37,16 @@ local function finish()
   local streams = {b = KEYS[3], p = KEYS[4]}
   local owner, token, run_id, result, cap = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[9]
   if redis.call('GET', lease_key) ~= lease_value(token, owner) then return {0, ''} end
-  local r = ft_read(task, FIN_READ)
-  if r.runId ~= run_id or r.token ~= token then return {0, ''} end
-  r.key, r.entry, r.lane, r.owner, r.partial = ARGV[17], ARGV[18], ARGV[19], owner, true
+  -- the record fields every finish reads (the fence, the completed stage's
+  -- check and what finish_terminal clears); the holder's claim wrote the
+  -- rest of what finish_terminal needs (entry, lane, owner, key), or
+  -- cleared it (nextAttemptAt, waiting). One table constructor: built
+  -- field by field it would be resized four times.
+  local v = redis.call('HMGET', task, 'runId', 'token', 'stage', 'stages', 'done', 'followUp', 'cancel', 'lastError')
+  if v[1] ~= run_id or v[2] ~= token then return {0, ''} end
+  local r = {runId = v[1], token = v[2], stage = v[3] or nil, stages = v[4] or nil, done = v[5] or nil,
+    followUp = v[6] or nil, cancel = v[7] or nil, lastError = v[8] or nil,
+    key = ARGV[17], entry = ARGV[18], lane = ARGV[19], owner = owner, partial = true}
   local now = now_ms()
   local before = nil -- the completed stage's event, appended with the result's
   local upd = nil    -- the completed stage's checkpoint fields, written with the result's
@@ -52,7 +59,7 @@ local function finish()
       upd[#upd + 1] = 'stage'
       upd[#upd + 1] = r.stage
     end
-    before = hist_entry(now, 'stage', run_id, {stage = ARGV[5], outcome = 'done', owner = owner, token = token})
+    before = hist_ev(now, 'stage', run_id, '', ARGV[5], 'done', owner, token)
   end
   redis.call('DEL', lease_key)
   local attempt, max_attempts = 1, 1
@@ -66,25 +73,15 @@ local function finish()
     result = 'failed'
   end
 
-  local function push(ev)
-    if before then hist_push(hist, cap, before, ev) else hist_push(hist, cap, ev) end
-  end
-  -- with appends the completed stage's fields to an HSET's field list.
-  local function with(fields)
-    if upd then
-      for i = 1, #upd do fields[#fields + 1] = upd[i] end
-    end
-    return fields
-  end
   local stream = streams[r.lane] or streams.b
   if result == 'retry' then
     local due = now + tonumber(ARGV[7])
     ack_entry(stream, ARGV[8], r.entry)
-    redis.call('HSET', task, unpack(with({'status', 'retrying', 'nextAttemptAt', due, 'lastError', ARGV[6],
-      'entry', '', 'updatedAt', now, 'v', ''})))
+    redis.call('HSET', task, unpack(with_fields({'status', 'retrying', 'nextAttemptAt', due, 'lastError', ARGV[6],
+      'entry', '', 'updatedAt', now, 'v', ''}, upd)))
     redis.call('ZADD', KEYS[7], due, run_id .. ' ' .. r.key)
-    push(hist_entry(now, 'retry-scheduled', run_id, {stage = r.stage, error = ARGV[6],
-      outcome = 'attempt ' .. attempt .. ' of ' .. max_attempts, owner = owner, token = token}))
+    hist_push_after(hist, cap, before, hist_err(now, 'retry-scheduled', run_id, r.stage,
+      'attempt ' .. attempt .. ' of ' .. max_attempts, owner, token, ARGV[6]))
   elseif result == 'handback' then
     -- Graceful shutdown: keep the checkpoint, give the attempt back and
     -- re-queue at once so another runner resumes without waiting for the TTL.
@@ -94,9 +91,9 @@ local function finish()
     local first = list_at(srcs, 1)
     if first == '' then first = 'manual' end
     local id = redis.call('XADD', streams[lane], '*', 'key', r.key, 'runId', run_id, 'source', first)
-    redis.call('HSET', task, unpack(with({'status', 'queued', 'attempt', attempt - 1, 'entry', id, 'lane', lane,
-      'updatedAt', now, 'v', ''})))
-    push(hist_entry(now, 'handed-back', run_id, {stage = r.stage, owner = owner, token = token}))
+    redis.call('HSET', task, unpack(with_fields({'status', 'queued', 'attempt', attempt - 1, 'entry', id, 'lane', lane,
+      'updatedAt', now, 'v', ''}, upd)))
+    hist_push_after(hist, cap, before, hist_ev(now, 'handed-back', run_id, '', r.stage, '', owner, token))
   else
     finish_terminal({task = task, streams = streams, hist = hist, index = KEYS[6], group = ARGV[8], cap = cap,
       retention = ARGV[11], next_run_id = ARGV[12], stages = ARGV[13],

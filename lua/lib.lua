@@ -8,7 +8,8 @@
 -- them in arithmetic, comparisons need tonumber.
 local function clock()
   local t = redis.call('TIME')
-  local us6 = string.rep('0', 6 - #t[2]) .. t[2]
+  local us6 = t[2]
+  if #us6 < 6 then us6 = string.rep('0', 6 - #us6) .. us6 end
   return t[1] .. string.sub(us6, 1, 3), t[1] .. us6
 end
 
@@ -71,13 +72,24 @@ end
 -- A list entry costs a few dozen bytes where a stream entry cost hundreds.
 local US = '\31'
 
--- hist_entry encodes one event; e: {source, stage, outcome, owner, token, error}.
-local function hist_entry(now, event, run_id, e)
-  local err = e.error or ''
-  if err ~= '' then err = (string.gsub(err, US, ' ')) end
-  -- one concatenation, no table
-  return now .. US .. event .. US .. (run_id or '') .. US .. (e.source or '') .. US .. (e.stage or '') .. US ..
-    (e.outcome or '') .. US .. (e.owner or '') .. US .. tok_str(e.token or '') .. US .. err
+-- hist_ev encodes one event without an error from its fields (nil or false
+-- reads as empty); token is a string or a number. Positional, not a table:
+-- a table per event cost more than the concatenation.
+local function hist_ev(now, event, run_id, source, stage, outcome, owner, token)
+  if token and type(token) ~= 'string' then token = tok_str(token) end
+  return now .. US .. event .. US .. (run_id or '') .. US .. (source or '') .. US .. (stage or '') .. US ..
+    (outcome or '') .. US .. (owner or '') .. US .. (token or '') .. US
+end
+
+-- hist_err encodes an event of a run's stage that carries an error text
+-- (US, the field separator, is replaced in it); err '' gives hist_ev's.
+-- (Not `err = (string.gsub(err, …))`: gopher-lua, miniredis's Lua, passes
+-- gsub itself as the argument when a local is assigned a parenthesised
+-- call on itself.)
+local function hist_err(now, event, run_id, stage, outcome, owner, token, err)
+  local ev = hist_ev(now, event, run_id, '', stage, outcome, owner, token)
+  if not err or err == '' then return ev end
+  return ev .. (string.gsub(err, US, ' '))
 end
 
 -- hist_push appends encoded events and trims the list to cap; the trim
@@ -88,9 +100,19 @@ local function hist_push(hist, cap, ...)
   if n > c then redis.call('LTRIM', hist, -c, -1) end
 end
 
--- hist_add appends one event to a task's history.
-local function hist_add(hist, cap, now, event, run_id, e)
-  hist_push(hist, cap, hist_entry(now, event, run_id, e or {}))
+-- hist_push_after appends event ev, after event before when there is one
+-- (a completed stage's event goes in the same RPUSH as the result's).
+local function hist_push_after(hist, cap, before, ev)
+  if before then hist_push(hist, cap, before, ev) else hist_push(hist, cap, ev) end
+end
+
+-- with_fields appends the field list extra (or nothing, when nil) to an
+-- HSET's field list, and returns it.
+local function with_fields(fields, extra)
+  if extra then
+    for i = 1, #extra do fields[#fields + 1] = extra[i] end
+  end
+  return fields
 end
 
 -- Coalesced requests (DESIGN §3): of the requests that leave a run as it
@@ -135,7 +157,10 @@ end
 -- list_has reports whether comma list holds item.
 local function list_has(list, item)
   if not list or list == '' then return false end
-  return list == item or string.find(',' .. list .. ',', ',' .. item .. ',', 1, true) ~= nil
+  if list == item then return true end
+  -- most lists do not hold item even as a substring: one search, no strings made
+  if not string.find(list, item, 1, true) then return false end
+  return string.find(',' .. list .. ',', ',' .. item .. ',', 1, true) ~= nil
 end
 
 -- list_add appends item to a comma list unless present.
@@ -147,9 +172,15 @@ end
 
 -- list_at returns the i-th item (1-based) of a comma list, or ''.
 local function list_at(list, i)
-  if not list or list == '' then return '' end
-  if i == 1 then return string.match(list, '^[^,]*') end
-  return split(list, ',')[i] or ''
+  if not list or list == '' or i < 1 then return '' end
+  local start = 1
+  for _ = 2, i do -- skip i - 1 items, making no strings
+    local comma = string.find(list, ',', start, true)
+    if not comma then return '' end
+    start = comma + 1
+  end
+  local comma = string.find(list, ',', start, true)
+  return string.sub(list, start, comma and comma - 1 or -1)
 end
 
 -- hist_request records a request that leaves run run_id as it is. c, n
@@ -161,7 +192,7 @@ local function hist_request(hist, cap, now, event, run_id, source, outcome, c, n
   if co_of_run(c, run_id) then
     return n_field(source, outcome), repeat_count(n, now), false
   end
-  local ev = hist_entry(now, event, run_id, {source = source, outcome = outcome})
+  local ev = hist_ev(now, event, run_id, source, '', outcome)
   hist_push(hist, cap, ev)
   return co_field(source, outcome), run_id .. ' ' .. ev, true
 end
@@ -321,12 +352,6 @@ end
 -- FT_FOLLOW_UP: the fields only the start of a queued follow-up reads.
 local FT_FOLLOW_UP = {'followUpSources', 'co', 'maxAttempts'}
 
--- FIN_READ: the record fields every finish (finish.lua) reads (the fence, the completed
--- stage's check and what finish_terminal clears); the holder's claim wrote
--- the rest of what finish_terminal needs (entry, lane, owner, key), or
--- cleared it (nextAttemptAt, waiting).
-local FIN_READ = {'runId', 'token', 'stage', 'stages', 'done', 'followUp', 'cancel', 'lastError'}
-
 -- CLAIM_READ: the record fields claim.lua reads for each entry, in the
 -- order of its rec[] indices (a retry's due time and a crashed holder's
 -- owner are read only then).
@@ -357,16 +382,15 @@ local function finish_terminal(c, result, err, r, before)
   err = err or ''
   local fields = {'status', result, 'finishedAt', c.now, 'updatedAt', c.now, 'entry', ''}
   local n = 8
-  local function clear(name, empty)
-    local v = r[name]
-    if v and v ~= empty then
-      fields[n + 1], fields[n + 2], n = name, empty, n + 2
-    end
-  end
-  clear('stage', '')
-  clear('cancel', '0')
-  clear('nextAttemptAt', '')
-  clear('waiting', '')
+  -- fields the run set that a finished record shows empty
+  local v = r.stage
+  if v and v ~= '' then fields[n + 1], fields[n + 2], n = 'stage', '', n + 2 end
+  v = r.cancel
+  if v and v ~= '0' then fields[n + 1], fields[n + 2], n = 'cancel', '0', n + 2 end
+  v = r.nextAttemptAt
+  if v and v ~= '' then fields[n + 1], fields[n + 2], n = 'nextAttemptAt', '', n + 2 end
+  v = r.waiting
+  if v and v ~= '' then fields[n + 1], fields[n + 2], n = 'waiting', '', n + 2 end
   if err ~= '' or (r.lastError and r.lastError ~= '') then
     fields[n + 1], fields[n + 2], n = 'lastError', err, n + 2
   end
@@ -379,9 +403,7 @@ local function finish_terminal(c, result, err, r, before)
   end
   fields[n + 1], fields[n + 2] = 'v', '' -- the cached view (submit_fast)
   redis.call('HSET', c.task, unpack(fields))
-  local ev = hist_entry(c.now, result, r.runId, {stage = r.stage or '', error = err, owner = r.owner or '',
-    token = r.token or ''})
-  if before then hist_push(c.hist, c.cap, before, ev) else hist_push(c.hist, c.cap, ev) end
+  hist_push_after(c.hist, c.cap, before, hist_err(c.now, result, r.runId, r.stage, '', r.owner, r.token, err))
   redis.call('ZADD', c.index, c.now, r.key)
   if r.followUp == '1' and c.next_run_id ~= '' then
     if r.partial then ft_read(c.task, FT_FOLLOW_UP, r) end
@@ -393,7 +415,7 @@ local function finish_terminal(c, result, err, r, before)
     new_run({task = c.task, streams = c.streams, hist = c.hist, key = r.key,
       run_id = c.next_run_id, stages = stages, max_attempts = max_attempts, sources = srcs, source = first,
       now = c.now, exists = true, co = r.co})
-    hist_add(c.hist, c.cap, c.now, 'requested', c.next_run_id, {source = first, outcome = 'started'})
+    hist_push(c.hist, c.cap, hist_ev(c.now, 'requested', c.next_run_id, first, '', 'started'))
     if c.links_from and redis.call('EXISTS', c.links_from) == 1 then redis.call('RENAME', c.links_from, c.links_to) end
   elseif tonumber(c.retention) > 0 then
     redis.call('PEXPIRE', c.task, c.retention)
@@ -488,23 +510,24 @@ end
 local function submit_fast(task, src, policy, now, want_view)
   local po = POLICY_OUTCOME[policy]
   if po ~= 'joined' and po ~= 'skipped' then return nil end
-  local f = redis.call('HMGET', task, co_field(src, po), n_field(src, po), unpack(FAST_READ))
+  local nf = n_field(src, po)
+  local f = redis.call('HMGET', task, co_field(src, po), nf, unpack(FAST_READ))
   local status = f[3]
   if not status then return nil, false end
   if not (status == 'queued' or status == 'running' or status == 'retrying') then return nil, true end
   if not co_of_run(f[1], f[4]) then return nil, true end
   local count = repeat_count(f[2], now)
   if not want_view then
-    redis.call('HSET', task, n_field(src, po), count)
+    redis.call('HSET', task, nf, count)
     return po, ''
   end
   local stamp, v = view_stamp(f), f[6]
   if v and string.find(v, stamp, 1, true) == 1 then
-    redis.call('HSET', task, n_field(src, po), count)
+    redis.call('HSET', task, nf, count)
     return po, v
   end
   v = stamp .. view_reply(nil, redis.call('HMGET', task, unpack(VIEW_FIELDS)), 0)
-  redis.call('HSET', task, n_field(src, po), count, 'v', v)
+  redis.call('HSET', task, nf, count, 'v', v)
   return po, v
 end
 
@@ -550,7 +573,7 @@ local function submit_one(a, vals)
   if not active and not throttled then
     new_run({task = task, streams = a.streams, hist = hist, key = a.key, run_id = a.run_id, stages = a.stages, max_attempts = a.max_attempts, sources = src, source = src,
       now = now, exists = status and true or false, co = vals[X + 24]})
-    hist_add(hist, a.cap, now, 'requested', a.run_id, {source = src, outcome = 'started'})
+    hist_push(hist, a.cap, hist_ev(now, 'requested', a.run_id, src, '', 'started'))
     redis.call('ZADD', a.index, now, a.key)
     if src ~= 'schedule' then redis.call('ZADD', a.subjects, now, a.subject) end
     if a.occ ~= '' then redis.call('HSET', task, a.occ_field, a.occ) end
@@ -620,7 +643,7 @@ local function submit_one(a, vals)
     -- fresh run follows. A run nobody executes (queued, or waiting for its
     -- retry backoff) is ended here; a running one is flagged, and its
     -- holder ends it as cancelled, which starts the follow-up.
-    hist_add(hist, a.cap, now, 'requested', cur, {source = src, outcome = 'replaced'})
+    hist_push(hist, a.cap, hist_ev(now, 'requested', cur, src, '', 'replaced'))
     follow_up_link(a, r.followUp)
     put('followUp', '1')
     put('followUpSources', src)

@@ -111,7 +111,7 @@ func (s *Space) Fence(k taskkey.Key) string { return s.taskKey("fence", k) }
 func (s *Space) Task(k taskkey.Key) string { return s.taskKey("task", k) }
 
 // History is the key's capped history: a list of compact events (see
-// lua/lib.lua hist_entry), oldest first.
+// lua/lib.lua hist_ev), oldest first.
 func (s *Space) History(k taskkey.Key) string { return s.taskKey("history", k) }
 
 // LegacyHistory is where deployments before compact history kept a key's
