@@ -29,6 +29,7 @@ type redisServer struct {
 	// callgrind is set when the server runs under valgrind's callgrind
 	// (--callgrind): instructions are counted only inside meter windows.
 	callgrind bool
+	dumps     int // windows dumped to TASKLEASE_BENCH_CALLGRIND_DIR
 }
 
 // startRedis launches redis-server on a free loopback port and waits until
@@ -160,6 +161,13 @@ func (s *redisServer) instrOff() (int64, error) {
 		_ = os.Remove(f)
 		if err != nil {
 			return 0, err
+		}
+		if keep := os.Getenv("TASKLEASE_BENCH_CALLGRIND_DIR"); keep != "" {
+			// for callgrind_annotate: one dump per measured window, in order
+			s.dumps++
+			if err := os.WriteFile(filepath.Join(keep, fmt.Sprintf("window-%02d.callgrind", s.dumps)), b, 0o644); err != nil {
+				return 0, err
+			}
 		}
 		for _, l := range strings.Split(string(b), "\n") {
 			if v, ok := strings.CutPrefix(l, "totals: "); ok {
