@@ -63,6 +63,34 @@ local function next_token(prev, now_us)
 end
 local function first_stage(stages) return string.match(stages, '^[^,]*') end
 
+-- done_and_next: the lists variants' finish after the record write — the
+-- running set, history, index, expiry, the view when watched — then the
+-- next entry for the slot: LPOP (people first) and ZADD to the taken set.
+-- KEYS rec hist index running lanep laneb taken watch
+-- ARGV owner token runId key stage n retention
+local function done_and_next(KEYS, ARGV, now, stage, view)
+  redis.call('ZREM', KEYS[4], ARGV[4])
+  hist(KEYS[2], 50, ev(now, 'stage', ARGV[3], '', stage, 'done', ARGV[1], ARGV[2]),
+    ev(now, 'done', ARGV[3], '', stage, '', ARGV[1], ARGV[2]))
+  redis.call('ZADD', KEYS[3], now, ARGV[4])
+  redis.call('PEXPIRE', KEYS[1], ARGV[7])
+  redis.call('PEXPIRE', KEYS[2], ARGV[7])
+  if redis.call('EXISTS', KEYS[8]) == 1 then redis.call('PUBLISH', 'x', view) end
+  local out = {1, 'done'}
+  local n = tonumber(ARGV[6])
+  if n > 0 then
+    local got = redis.call('LLEN', KEYS[5]) > 0 and redis.call('LPOP', KEYS[5], n) or redis.call('LPOP', KEYS[6], n)
+    if got then
+      local due = now + 30000
+      for i = 1, #got do
+        redis.call('ZADD', KEYS[7], due, got[i])
+        out[#out + 1] = got[i]
+      end
+    end
+  end
+  return out
+end
+
 -- KEYS rec hist index lane watch   ARGV key runId source stages maxAttempts
 redis.register_function('lean_submit', function(KEYS, ARGV)
   local now = clock()
@@ -107,26 +135,7 @@ redis.register_function('lean_finish', function(KEYS, ARGV)
   local stage = t[3]
   t[1], t[3], t[5], t[13], t[14], t[20] = 'done', '', t[5] + 1, now, now, ''
   redis.call('HSET', KEYS[1], 'h', packh(t), 'lastSuccessAt', now)
-  redis.call('ZREM', KEYS[4], ARGV[4])
-  hist(KEYS[2], 50, ev(now, 'stage', ARGV[3], '', stage, 'done', ARGV[1], ARGV[2]),
-    ev(now, 'done', ARGV[3], '', stage, '', ARGV[1], ARGV[2]))
-  redis.call('ZADD', KEYS[3], now, ARGV[4])
-  redis.call('PEXPIRE', KEYS[1], ARGV[7])
-  redis.call('PEXPIRE', KEYS[2], ARGV[7])
-  if redis.call('EXISTS', KEYS[8]) == 1 then redis.call('PUBLISH', 'x', packh(t)) end
-  local out = {1, 'done'}
-  local n = tonumber(ARGV[6])
-  if n > 0 then
-    local got = redis.call('LLEN', KEYS[5]) > 0 and redis.call('LPOP', KEYS[5], n) or redis.call('LPOP', KEYS[6], n)
-    if got then
-      local due = now + 30000
-      for i = 1, #got do
-        redis.call('ZADD', KEYS[7], due, got[i])
-        out[#out + 1] = got[i]
-      end
-    end
-  end
-  return out
+  return done_and_next(KEYS, ARGV, now, stage, packh(t))
 end)
 
 -- variant S: the lean path with today's request streams (XADD, XREADGROUP, XACK+XDEL)
@@ -234,26 +243,7 @@ redis.register_function('leanU_finish', function(KEYS, ARGV)
   if r[1] ~= ARGV[3] or r[2] ~= ARGV[2] or r[9] ~= ARGV[1] or tonumber(r[10]) < tonumber(now) then return {0} end
   redis.call('HSET', KEYS[1], 'status', 'done', 'finishedAt', now, 'updatedAt', now, 'entry', '', 'stage', '',
     'lastSuccessAt', now, 'done', (tonumber(r[5]) or 0) + 1, 'cursor', '', 'leaseUntil', '', 'v', '')
-  redis.call('ZREM', KEYS[4], ARGV[4])
-  hist(KEYS[2], 50, ev(now, 'stage', ARGV[3], '', r[3], 'done', ARGV[1], ARGV[2]),
-    ev(now, 'done', ARGV[3], '', r[3], '', ARGV[1], ARGV[2]))
-  redis.call('ZADD', KEYS[3], now, ARGV[4])
-  redis.call('PEXPIRE', KEYS[1], ARGV[7])
-  redis.call('PEXPIRE', KEYS[2], ARGV[7])
-  if redis.call('EXISTS', KEYS[8]) == 1 then redis.call('PUBLISH', 'x', 'v') end
-  local out = {1, 'done'}
-  local n = tonumber(ARGV[6])
-  if n > 0 then
-    local got = redis.call('LLEN', KEYS[5]) > 0 and redis.call('LPOP', KEYS[5], n) or redis.call('LPOP', KEYS[6], n)
-    if got then
-      local due = now + 30000
-      for i = 1, #got do
-        redis.call('ZADD', KEYS[7], due, got[i])
-        out[#out + 1] = got[i]
-      end
-    end
-  end
-  return out
+  return done_and_next(KEYS, ARGV, now, r[3], 'v')
 end)
 
 -- variant K: the unpacked lean path with a lease key (GET, SET PX, DEL) instead of the lease in the record
@@ -286,26 +276,7 @@ redis.register_function('leanK_finish', function(KEYS, ARGV)
   redis.call('DEL', lease)
   redis.call('HSET', KEYS[1], 'status', 'done', 'finishedAt', now, 'updatedAt', now, 'entry', '', 'stage', '',
     'lastSuccessAt', now, 'done', (tonumber(r[5]) or 0) + 1, 'cursor', '', 'v', '')
-  redis.call('ZREM', KEYS[4], ARGV[4])
-  hist(KEYS[2], 50, ev(now, 'stage', ARGV[3], '', r[3], 'done', ARGV[1], ARGV[2]),
-    ev(now, 'done', ARGV[3], '', r[3], '', ARGV[1], ARGV[2]))
-  redis.call('ZADD', KEYS[3], now, ARGV[4])
-  redis.call('PEXPIRE', KEYS[1], ARGV[7])
-  redis.call('PEXPIRE', KEYS[2], ARGV[7])
-  if redis.call('EXISTS', KEYS[8]) == 1 then redis.call('PUBLISH', 'x', 'v') end
-  local out = {1, 'done'}
-  local n = tonumber(ARGV[6])
-  if n > 0 then
-    local got = redis.call('LLEN', KEYS[5]) > 0 and redis.call('LPOP', KEYS[5], n) or redis.call('LPOP', KEYS[6], n)
-    if got then
-      local due = now + 30000
-      for i = 1, #got do
-        redis.call('ZADD', KEYS[7], due, got[i])
-        out[#out + 1] = got[i]
-      end
-    end
-  end
-  return out
+  return done_and_next(KEYS, ARGV, now, r[3], 'v')
 end)
 `
 
