@@ -32,8 +32,10 @@ func parseEvent(s string) Event {
 		At: checkpoints.MillisTime(get(0)), Event: get(1), RunID: get(2), Source: get(3),
 		Stage: get(4), Outcome: get(5), Owner: get(6), Error: get(8), Count: 1,
 	}
-	e.FencingToken, _ = strconv.ParseInt(get(7), 10, 64)
-	if n, err := strconv.Atoi(get(9)); err == nil && n > 1 {
+	if t := get(7); t != "" {
+		e.FencingToken, _ = strconv.ParseInt(t, 10, 64)
+	}
+	if n := intField(get(9)); n > 1 {
 		e.Count = n
 		e.LastAt = timeField(get(10))
 	}

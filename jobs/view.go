@@ -118,12 +118,12 @@ func viewFromValues(key, subject, scope string, vals []string) TaskView {
 	if v.Status == "" {
 		v.Status = StatusIdle
 	}
-	v.Attempt, _ = strconv.Atoi(get(vfAttempt))
-	v.MaxAttempts, _ = strconv.Atoi(get(vfMaxAttempts))
+	v.Attempt = intField(get(vfAttempt))
+	v.MaxAttempts = intField(get(vfMaxAttempts))
 	if v.Attempt > 0 { // 'token' is also the key's fencing counter: a new run shows none yet
 		v.FencingToken, _ = strconv.ParseInt(get(vfToken), 10, 64)
 	}
-	done, _ := strconv.Atoi(get(vfDone))
+	done := intField(get(vfDone))
 	v.CompletedStages = v.Stages[:min(max(done, 0), len(v.Stages))]
 	srcs := splitList(get(vfSources))
 	v.Sources = make([]Source, len(srcs))
@@ -144,6 +144,16 @@ func splitList(s string) []string {
 		return []string{}
 	}
 	return strings.Split(s, ",")
+}
+
+// intField reads a counter field; an absent one ("", a new run's done and
+// attempt) is 0 without the error value strconv would allocate.
+func intField(s string) int {
+	if s == "" {
+		return 0
+	}
+	n, _ := strconv.Atoi(s)
+	return n
 }
 
 func timeField(s string) *time.Time {
