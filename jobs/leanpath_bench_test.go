@@ -63,6 +63,24 @@ local function next_token(prev, now_us)
 end
 local function first_stage(stages) return string.match(stages, '^[^,]*') end
 
+-- grant_packed: the packed variants' claim of a queued run — the lease in
+-- the record (leaseUntil) and in the running set (member), the history,
+-- the view when watched. Returns the claim's reply.
+local function grant_packed(rec, running, hist_key, watch, run_id, member, source, owner, ttl, now, now_us)
+  local t = unpackh(redis.call('HGET', rec, 'h'))
+  if t[2] ~= run_id or t[1] ~= 'queued' then return {'ack'} end
+  if t[20] ~= '' and tonumber(t[20]) > tonumber(now) then return {'busy'} end
+  local token = next_token(t[10], now_us)
+  local until_ms = now + tonumber(ttl)
+  t[1], t[3], t[6], t[9], t[10], t[12], t[13], t[20] = 'running', first_stage(t[4]), t[6] + 1, owner, token,
+    now, now, until_ms
+  redis.call('HSET', rec, 'h', packh(t))
+  redis.call('ZADD', running, until_ms, member)
+  hist(hist_key, 50, ev(now, 'started', t[2], source, t[3], '', owner, token))
+  if redis.call('EXISTS', watch) == 1 then redis.call('PUBLISH', 'x', packh(t)) end
+  return {'granted', token, t[5], '', t[6], t[4], t[8], t[12], 'queued'}
+end
+
 -- done_and_next: the lists variants' finish after the record write — the
 -- running set, history, index, expiry, the view when watched — then the
 -- next entry for the slot: LPOP (people first) and ZADD to the taken set.
@@ -112,18 +130,7 @@ redis.register_function('lean_claim', function(KEYS, ARGV)
   local entry = ARGV[1]
   redis.call('ZREM', KEYS[1], entry)
   local e = unpackh(entry) -- runId key source
-  local t = unpackh(redis.call('HGET', KEYS[3], 'h'))
-  if t[2] ~= e[1] or t[1] ~= 'queued' then return {'ack'} end
-  if t[20] ~= '' and tonumber(t[20]) > tonumber(now) then return {'busy'} end
-  local token = next_token(t[10], now_us)
-  local until_ms = now + tonumber(ARGV[3])
-  t[1], t[3], t[6], t[9], t[10], t[12], t[13], t[20] = 'running', first_stage(t[4]), t[6] + 1, ARGV[2], token,
-    now, now, until_ms
-  redis.call('HSET', KEYS[3], 'h', packh(t))
-  redis.call('ZADD', KEYS[2], until_ms, e[2])
-  hist(KEYS[4], 50, ev(now, 'started', t[2], e[3], t[3], '', ARGV[2], token))
-  if redis.call('EXISTS', KEYS[5]) == 1 then redis.call('PUBLISH', 'x', packh(t)) end
-  return {'granted', token, t[5], '', t[6], t[4], t[8], t[12], 'queued'}
+  return grant_packed(KEYS[3], KEYS[2], KEYS[4], KEYS[5], e[1], e[2], e[3], ARGV[2], ARGV[3], now, now_us)
 end)
 
 -- KEYS rec hist index running lanep laneb taken watch
@@ -155,18 +162,7 @@ end)
 -- KEYS running rec hist watch   ARGV runId source owner ttl
 redis.register_function('leanS_claim', function(KEYS, ARGV)
   local now, now_us = clock()
-  local t = unpackh(redis.call('HGET', KEYS[2], 'h'))
-  if t[2] ~= ARGV[1] or t[1] ~= 'queued' then return {'ack'} end
-  if t[20] ~= '' and tonumber(t[20]) > tonumber(now) then return {'busy'} end
-  local token = next_token(t[10], now_us)
-  local until_ms = now + tonumber(ARGV[4])
-  t[1], t[3], t[6], t[9], t[10], t[12], t[13], t[20] = 'running', first_stage(t[4]), t[6] + 1, ARGV[3], token,
-    now, now, until_ms
-  redis.call('HSET', KEYS[2], 'h', packh(t))
-  redis.call('ZADD', KEYS[1], until_ms, KEYS[2])
-  hist(KEYS[3], 50, ev(now, 'started', t[2], ARGV[2], t[3], '', ARGV[3], token))
-  if redis.call('EXISTS', KEYS[4]) == 1 then redis.call('PUBLISH', 'x', packh(t)) end
-  return {'granted', token, t[5], '', t[6], t[4], t[8], t[12], 'queued'}
+  return grant_packed(KEYS[2], KEYS[1], KEYS[3], KEYS[4], ARGV[1], KEYS[2], ARGV[2], ARGV[3], ARGV[4], now, now_us)
 end)
 -- KEYS rec hist index running streamp streamb watch   ARGV owner token runId key entry n retention group
 redis.register_function('leanS_finish', function(KEYS, ARGV)
