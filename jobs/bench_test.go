@@ -13,7 +13,6 @@ package jobs
 
 import (
 	"context"
-	"errors"
 	"runtime"
 	"slices"
 	"strconv"
@@ -382,35 +381,15 @@ type claimed struct {
 	c     claimResult
 }
 
-// pendingEntries submits n distinct keys and reads their stream entries into
-// rn's pending list, as the fetch loop would.
+// pendingEntries submits n distinct keys and takes their entries into the
+// taken set, as the fetch loop would.
 func pendingEntries(b *testing.B, reg *Registry, rn *Runner, n int) []claimed {
 	b.Helper()
-	ctx := context.Background()
-	if err := rn.ensureGroups(ctx); err != nil {
-		b.Fatal(err)
-	}
 	submitAll(b, reg, subjects("c", n), 32)
 	out := make([]claimed, 0, n)
 	for p := range reg.ks.Partitions() {
-		for {
-			res, err := reg.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{
-				Group: keyspace.Group, Consumer: rn.owner, Streams: []string{reg.ks.Requests(p), ">"},
-				Count: 10000, Block: -1,
-			}).Result()
-			if errors.Is(err, redis.Nil) || (err == nil && len(res[0].Messages) == 0) {
-				break
-			}
-			if err != nil {
-				b.Fatal(err)
-			}
-			for _, m := range res[0].Messages {
-				e, ok := entryFrom(p, keyspace.LaneBulk, m.ID, m.Values)
-				if !ok {
-					b.Fatalf("entry %v", m)
-				}
-				out = append(out, claimed{e: e})
-			}
+		for _, e := range takeEntries(b, reg, p, n) {
+			out = append(out, claimed{e: e})
 		}
 	}
 	if len(out) != n {

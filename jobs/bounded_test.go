@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/tasklease/tasklease/internal/keyspace"
 	"github.com/tasklease/tasklease/internal/redistest"
 	"github.com/tasklease/tasklease/taskkey"
@@ -52,12 +50,8 @@ func TestJanitorPrunesSubjectsIndexAndConsumers(t *testing.T) {
 	stop()
 	// An active run older than the retention keeps its record and index
 	// entry (its subject, not requested since, leaves "all").
-	stream := e.reg.ks.PeopleRequests(0) // a manual request: the people lane
 	clSubmit(t, e.reg, "pending", "course_sync", SourceManual, "")
-	if err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: keyspace.Group, Consumer: "holder/000000",
-		Streams: []string{stream, ">"}, Count: 10}).Err(); err != nil {
-		t.Fatal(err)
-	}
+	takeEntries(t, e.reg, 0, 10) // a runner holds its entry
 
 	mini.Advance(retention + time.Minute) // the finished records expire
 	clSubmit(t, e.reg, "fresh", "course_sync", SourceForeground, "")
@@ -88,54 +82,12 @@ func TestJanitorPrunesSubjectsIndexAndConsumers(t *testing.T) {
 	}
 }
 
-// TestJanitorDeletesConsumersOfGoneRunners: consumer-group members of
-// runners that are gone (earlier deploys) are deleted once idle with
-// nothing pending; one that still has a pending entry is kept until
-// reclaim has moved it. Real Redis: miniredis does not track consumer
-// idle times.
-func TestJanitorDeletesConsumersOfGoneRunners(t *testing.T) {
-	s := redistest.StartServer(t)
-	rdb := s.Client(t)
-	ctx := context.Background()
-	e := newEnv(t, rdb, Config{Prefix: "jc", Partitions: 1, Jobs: []Job{clJob("course_sync", Stage{Name: "pulling", Handler: &counter{}})}})
-	stream := e.reg.ks.PeopleRequests(0) // manual requests: the people lane
-	for i := range 3 {                   // three deploys' runners, gone
-		_, stop := e.startRunner(RunnerConfig{ID: fmt.Sprintf("gone-%d", i)})
-		clSubmit(t, e.reg, fmt.Sprintf("u%d", i), "course_sync", SourceManual, "")
-		e.waitStatus(fmt.Sprintf("u%d", i), "course_sync", 10*time.Second, StatusDone)
-		stop()
-	}
-	clSubmit(t, e.reg, "held", "course_sync", SourceManual, "")
-	if err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: keyspace.Group, Consumer: "holder/000000",
-		Streams: []string{stream, ">"}, Count: 10}).Err(); err != nil {
-		t.Fatal(err)
-	}
-	rn, err := NewRunner(e.reg, RunnerConfig{ID: "jc"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rn.consumerIdle = 100 * time.Millisecond
-	var names []string
-	waitFor(t, 10*time.Second, "the gone runners' consumers to be deleted", func() bool {
-		rn.janitorPass(ctx)
-		consumers, err := rdb.XInfoConsumers(ctx, stream, keyspace.Group).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		names = names[:0]
-		for _, c := range consumers {
-			names = append(names, c.Name)
-		}
-		return slices.Equal(names, []string{"holder/000000"})
-	})
-}
-
-// bndLive reports whether key k is bookkeeping of live work (the partition
-// stream, index, subjects of live subjects, watch keys) or of an active run.
+// bndLive reports whether key k is bookkeeping of live work (the partition's
+// taken set, index, subjects of live subjects, watch keys) or of an active run.
 func bndLive(e *testEnv, k string) bool {
 	ks := e.reg.ks
 	switch k {
-	case ks.Requests(0), ks.PeopleRequests(0), ks.Index(0), ks.Subjects(0, "course_sync"), ks.Retry(0):
+	case ks.Queue(0, keyspace.LanePeople), ks.Queue(0, keyspace.LaneBulk), ks.Taken(0), ks.Bell(0), ks.Index(0), ks.Subjects(0, "course_sync"), ks.Retry(0):
 		return true
 	}
 	for _, s := range []string{"fresh", "pending"} {
@@ -227,13 +179,11 @@ func TestSubscribersShareOnePubSubConnection(t *testing.T) {
 	}
 }
 
-// TestFinishedEntriesLeaveTheStreamRunningOnesStay: finishing a run
-// removes its request entry from the stream and nothing a run still needs:
-// the entry of a run in progress stays however many newer runs end around
-// it, and once nothing is pending the stream is empty. (It guarded a trim
-// behind the consumer group, measured and not kept; any way of removing
-// finished entries must pass it.)
-func TestFinishedEntriesLeaveTheStreamRunningOnesStay(t *testing.T) {
+// TestFinishedEntriesLeaveTheQueueRunningOnesStay: finishing a run
+// removes its request entry from the partition's queue and nothing a run
+// still needs: the entry of a run in progress stays taken however many
+// newer runs end around it, and once nothing runs the queue is empty.
+func TestFinishedEntriesLeaveTheQueueRunningOnesStay(t *testing.T) {
 	rdb := redistest.StartServer(t).Client(t)
 	ctx := context.Background()
 	const scope, before, after = "course_sync", 150, 150
@@ -250,7 +200,6 @@ func TestFinishedEntriesLeaveTheStreamRunningOnesStay(t *testing.T) {
 	})
 	e := newEnv(t, rdb, Config{Prefix: "tr", Partitions: 1, Jobs: []Job{clJob(scope, Stage{Name: "pulling", Handler: stage})}})
 	e.startRunner(RunnerConfig{ID: "tr", Concurrency: 8})
-	stream := e.reg.ks.Requests(0) // schedule requests: the bulk lane
 	submitAll := func(from, n int) {
 		for i := from; i < from+n; i++ {
 			clSubmit(t, e.reg, fmt.Sprintf("u%d", i), scope, SourceSchedule, "")
@@ -265,16 +214,17 @@ func TestFinishedEntriesLeaveTheStreamRunningOnesStay(t *testing.T) {
 	heldEntry := clRaw(t, e.reg, "held", scope)["entry"]
 	submitAll(before, after)
 
-	if got, err := rdb.XRange(ctx, stream, heldEntry, heldEntry).Result(); err != nil || len(got) != 1 {
-		t.Fatalf("the running run's entry %s: %v, %v; want it kept (pending)", heldEntry, got, err)
+	taken, err := rdb.ZRange(ctx, e.reg.ks.Taken(0), 0, -1).Result()
+	if err != nil || len(taken) != 1 || taken[0] != heldEntry {
+		t.Fatalf("taken entries %q, %v; want only the running run's %q", taken, err, heldEntry)
 	}
-	if n, err := rdb.XLen(ctx, stream).Result(); err != nil || n >= before+after {
-		t.Errorf("stream length %d, %v after %d runs ended behind the running one; want the ones behind it trimmed", n, err, before)
+	if lines, _ := queueState(ctx, rdb, e.reg, 0); len(lines) != 1 {
+		t.Errorf("queue after %d runs ended around the running one: %v; want only its taken entry", before+after, lines)
 	}
 	close(release)
 	e.waitStatus("held", scope, 10*time.Second, StatusDone)
-	waitFor(t, 10*time.Second, "an empty stream once nothing is pending", func() bool {
-		n, err := rdb.XLen(ctx, stream).Result()
-		return err == nil && n == 0
+	waitFor(t, 10*time.Second, "an empty queue once nothing runs", func() bool {
+		_, empty := queueState(ctx, rdb, e.reg, 0)
+		return empty
 	})
 }

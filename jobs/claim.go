@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -12,28 +13,45 @@ import (
 	"github.com/tasklease/tasklease/taskkey"
 )
 
-// entry is a request read from one lane of a partition's streams.
+// entry is a request taken from one lane of a partition's queue.
 type entry struct {
 	p      int
 	lane   keyspace.Lane
-	id     string
+	id     string // the entry as queued (lib.lua enqueue): it names itself in the taken set
 	key    taskkey.Key
 	runID  string
 	source string
 }
 
-// entryFrom decodes a stream message; ok is false for one not written by
-// tasklease.
-func entryFrom(p int, lane keyspace.Lane, id string, values map[string]any) (entry, bool) {
-	str := func(f string) string { s, _ := values[f].(string); return s }
-	k, err := taskkey.Parse(str("key"))
-	if err != nil {
-		return entry{p: p, lane: lane, id: id}, false
+// entrySep separates an entry's fields (lib.lua enqueue).
+const entrySep = "\x1f"
+
+// entryFrom decodes an entry, "<lane letter><runId>US<task key>US<source>";
+// ok is false for one not written by tasklease.
+func entryFrom(p int, id string) (entry, bool) {
+	e := entry{p: p, id: id}
+	if id == "" {
+		return e, false
 	}
-	return entry{p: p, lane: lane, id: id, key: k, runID: str("runId"), source: str("source")}, true
+	switch id[:1] {
+	case keyspace.LanePeople.Letter():
+		e.lane = keyspace.LanePeople
+	case keyspace.LaneBulk.Letter():
+		e.lane = keyspace.LaneBulk
+	default:
+		return e, false
+	}
+	runID, rest, ok1 := strings.Cut(id[1:], entrySep)
+	key, source, ok2 := strings.Cut(rest, entrySep)
+	k, err := taskkey.Parse(key)
+	if !ok1 || !ok2 || err != nil || runID == "" {
+		return e, false
+	}
+	e.key, e.runID, e.source = k, runID, source
+	return e, true
 }
 
-// claimKind is claim.lua's decision on a stream entry.
+// claimKind is claim.lua's decision on an entry.
 type claimKind string
 
 const (
@@ -41,7 +59,7 @@ const (
 	// crash loop at maxAttempts); nothing to execute.
 	claimAck claimKind = "ack"
 	// claimBusy: a live lease exists or a retry is not due; the entry stays
-	// pending and becomes reclaimable when the lease would expire.
+	// taken and becomes reclaimable when the lease would expire.
 	claimBusy claimKind = "busy"
 	// claimForeign: the run needs a stage or job this runner does not
 	// define (a rolling deploy); the entry is left to a runner that does.
@@ -82,10 +100,11 @@ func (r *Runner) leaseTTL(scope string) time.Duration {
 func (r *Runner) claimCall(p int, es []entry) *scriptCall {
 	ks := r.reg.ks
 	c := &scriptCall{script: r.reg.scripts.claim,
-		keys: make([]string, 0, 6+3*len(es)), args: make([]any, 0, 6+8*len(es))}
-	c.keys = append(c.keys, ks.Index(p), ks.Watch(p), ks.Requests(p), ks.PeopleRequests(p), ks.Paused(p), ks.Parked(p))
-	c.args = append(c.args, r.owner, keyspace.Group, r.reg.histCap, ks.Events(p),
-		r.reg.retention.Milliseconds(), r.reclaimIdle.Milliseconds())
+		keys: make([]string, 0, 8+3*len(es)), args: make([]any, 0, 4+8*len(es))}
+	c.keys = append(c.keys, ks.Index(p), ks.Watch(p))
+	c.keys = append(c.keys, ks.QueueKeys(p)...)
+	c.keys = append(c.keys, ks.Paused(p), ks.Parked(p))
+	c.args = append(c.args, r.owner, r.reg.histCap, ks.Events(p), r.reg.retention.Milliseconds())
 	for _, e := range es {
 		stages, maxAttempts := "", 0
 		if job := r.reg.jobs[e.key.Scope()]; job != nil {

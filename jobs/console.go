@@ -230,10 +230,10 @@ type Overview struct {
 	At              time.Time `json:"at"`
 }
 
-// QueueDepths are the requests waiting in the streams (both lanes) and in
-// the retry queues.
+// QueueDepths are the requests in the partition queues (both lanes and the
+// entries runners took and have not finished) and in the retry queues.
 type QueueDepths struct {
-	Stream int64 `json:"stream"`
+	Stream int64 `json:"stream"` // named when the queues were streams; kept for API clients
 	Retry  int64 `json:"retry"`
 }
 

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/tasklease/tasklease/checkpoints"
-	"github.com/tasklease/tasklease/internal/keyspace"
 	"github.com/tasklease/tasklease/leasing"
 )
 
@@ -115,8 +114,8 @@ func (r *Runner) execute(lr *localRun, c claimResult, readNext bool) []entry {
 	keeper, err := leasing.NewKeeper(runCtx, lease.GrantedAt, leasing.KeeperConfig{TTL: lease.TTL,
 		Renew: func(ctx context.Context) error {
 			res, err := r.reg.scripts.heartbeat.Run(ctx, r.reg.gc,
-				[]string{ks.Lease(k), ks.Task(k), ks.Stream(p, e.lane)},
-				lease.Owner, lease.Token, runID, lease.TTL.Milliseconds(), keyspace.Group, e.id).Slice()
+				[]string{ks.Lease(k), ks.Task(k), ks.Taken(p)},
+				lease.Owner, lease.Token, runID, lease.TTL.Milliseconds(), r.reclaimIdle.Milliseconds(), e.id).Slice()
 			if err != nil {
 				return err
 			}

@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/tasklease/tasklease/internal/keyspace"
 	"github.com/tasklease/tasklease/taskkey"
 )
 
@@ -87,11 +86,12 @@ func (r *Registry) SubmitMany(ctx context.Context, scope string, subjects []stri
 	var idxs [][]int
 	for p, idx := range byPart {
 		for chunk := range slices.Chunk(idx, submitManyChunk) {
-			c := &scriptCall{script: r.scripts.submitMany, keys: make([]string, 0, 6+2*len(chunk)), args: make([]any, 0, 13+2*len(chunk))}
-			c.keys = append(c.keys, r.ks.Requests(p), r.ks.Index(p), r.ks.Subjects(p, scope), r.ks.Retry(p), r.ks.Watch(p), r.ks.PeopleRequests(p))
+			c := &scriptCall{script: r.scripts.submitMany, keys: make([]string, 0, 8+2*len(chunk)), args: make([]any, 0, 12+2*len(chunk))}
+			c.keys = append(c.keys, r.ks.QueueKeys(p)...)
+			c.keys = append(c.keys, r.ks.Index(p), r.ks.Subjects(p, scope), r.ks.Retry(p), r.ks.Watch(p))
 			c.args = append(c.args, scope, string(opts.Source), string(opts.Policy), r.stagesCSV[scope],
 				job.Retry.MaxAttempts, job.MinInterval.Milliseconds(), r.histCap, r.ks.Events(p), r.ks.Cancels(p),
-				keyspace.Group, r.retention.Milliseconds(), occField, occ)
+				r.retention.Milliseconds(), occField, occ)
 			for _, i := range chunk {
 				c.keys = append(c.keys, r.ks.Task(keys[i]), r.ks.History(keys[i]))
 				c.args = append(c.args, subjects[i], newRunID())

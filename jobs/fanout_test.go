@@ -78,8 +78,8 @@ func TestSubmitManyOccurrenceExactlyOnce(t *testing.T) {
 					t.Fatalf("%s: %d schedule requests in history, want %d: %v", s, n, want, clEventNames(evs))
 				}
 			}
-			if n := polStreamDepth(t, e.reg); n != 300 {
-				t.Errorf("%d requests in the streams, want 300 (one run per subject)", n)
+			if n := polQueueDepth(t, e.reg); n != 300 {
+				t.Errorf("%d requests queued, want 300 (one run per subject)", n)
 			}
 		})
 	}

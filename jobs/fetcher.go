@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"strings"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -29,32 +29,21 @@ func (r *Runner) readOrder(p int) (first, second keyspace.Lane) {
 	return keyspace.LanePeople, keyspace.LaneBulk
 }
 
-// readCall builds a read_next.lua call: up to n new entries of partition p,
+// readCall builds a read_next.lua call: up to n entries of partition p,
 // lane by lane.
 func (r *Runner) readCall(p, n int) *scriptCall {
-	first, second := r.readOrder(p)
-	ks := r.reg.ks
-	return &scriptCall{script: r.reg.scripts.readNext,
-		keys: []string{ks.Stream(p, first), ks.Stream(p, second)},
-		args: []any{keyspace.Group, r.owner, n, first.Letter(), second.Letter()}}
+	first, _ := r.readOrder(p)
+	return &scriptCall{script: r.reg.scripts.readNext, keys: r.reg.ks.QueueKeys(p),
+		args: []any{n, first.Letter(), r.reclaimIdle.Milliseconds()}}
 }
 
-// decodeEntries decodes entries as read_lanes (lua/lib.lua) lists them:
-// lane letter, id, field list. Entries not written by tasklease are
-// acknowledged and deleted so they are not reclaimed forever.
+// decodeEntries decodes the entries read_lanes (lua/lib.lua) took. Entries
+// not written by tasklease are dropped from the taken set so they are not
+// reclaimed forever.
 func (r *Runner) decodeEntries(ctx context.Context, p int, res []any) []entry {
 	var out []entry
-	for i := 0; i+2 < len(res); i += 3 {
-		lane := keyspace.LaneBulk
-		if replyString(res[i]) == keyspace.LanePeople.Letter() {
-			lane = keyspace.LanePeople
-		}
-		flat, _ := res[i+2].([]any)
-		vals := make(map[string]any, len(flat)/2)
-		for j := 0; j+1 < len(flat); j += 2 {
-			vals[replyString(flat[j])] = replyString(flat[j+1])
-		}
-		e, ok := entryFrom(p, lane, replyString(res[i+1]), vals)
+	for _, v := range res {
+		e, ok := entryFrom(p, replyString(v))
 		if !ok {
 			r.dropEntry(ctx, e)
 			continue
@@ -64,34 +53,31 @@ func (r *Runner) decodeEntries(ctx context.Context, p int, res []any) []entry {
 	return out
 }
 
-// dropEntry acknowledges and deletes an entry tasklease did not write.
+// dropEntry removes an entry tasklease did not write from the taken set.
 func (r *Runner) dropEntry(ctx context.Context, e entry) {
-	stream := r.reg.ks.Stream(e.p, e.lane)
-	r.reg.rdb.XAck(ctx, stream, keyspace.Group, e.id)
-	r.reg.rdb.XDel(ctx, stream, e.id)
+	r.reg.rdb.ZRem(ctx, r.reg.ks.Taken(e.p), e.id)
 }
 
-// fetchLoop reads partition p's streams. While slots are free it reads,
-// without blocking, as many entries as it has slots (people's lane first)
-// and claims them in one script; when both lanes are empty it blocks for an
-// entry without holding a slot, so idle partitions never hold capacity
-// another partition could use.
+// fetchLoop takes work from partition p's lanes. While slots are free it
+// takes, without blocking, as many entries as it has slots (people's lane
+// first) and claims them in one script; when both lanes are empty it
+// blocks on the partition's bell without holding a slot, so idle
+// partitions never hold capacity another partition could use. A ring lost
+// to a runner that died before reading costs at most FetchBlock.
 func (r *Runner) fetchLoop(ctx context.Context, p int) {
-	ks := r.reg.ks
 	failures := 0
 	onErr := func(err error) bool {
 		if ctx.Err() != nil {
 			return false
 		}
 		failures++
-		if strings.Contains(err.Error(), "NOGROUP") {
-			_ = r.ensureGroup(ctx, p) // the stream was deleted (e.g. Redis restarted empty)
-		}
 		if failures == 1 || failures%50 == 0 {
-			r.log.Warn("stream read failed", slog.Int("partition", p), slog.Any("error", err))
+			r.log.Warn("queue read failed", slog.Int("partition", p), slog.Any("error", err))
 		}
 		return wait.Sleep(ctx, backoff(redisErrorBackoffBase, 5*time.Second, failures))
 	}
+	bell := r.reg.ks.Bell(p)
+	blockSeconds := strconv.FormatFloat(r.cfg.FetchBlock.Seconds(), 'f', 3, 64)
 	for ctx.Err() == nil {
 		if !r.acquire(ctx) {
 			return
@@ -111,45 +97,11 @@ func (r *Runner) fetchLoop(ctx context.Context, p int) {
 			r.claimAndStart(ctx, p, es)
 			continue
 		}
-		streams, err := r.reg.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{
-			Group: keyspace.Group, Consumer: r.owner,
-			Streams: []string{ks.PeopleRequests(p), ks.Requests(p), ">", ">"},
-			Count:   1, Block: r.cfg.FetchBlock,
-		}).Result()
-		if errors.Is(err, redis.Nil) {
-			continue
-		}
-		if err != nil {
-			if !onErr(err) {
-				return
-			}
-			continue
-		}
-		es = es[:0]
-		for _, s := range streams {
-			lane := keyspace.LaneBulk
-			if s.Stream == ks.PeopleRequests(p) {
-				lane = keyspace.LanePeople
-			}
-			for _, m := range s.Messages {
-				if e, ok := entryFrom(p, lane, m.ID, m.Values); ok {
-					es = append(es, e)
-				} else {
-					r.dropEntry(ctx, e)
-				}
-			}
-		}
-		// Wait for a slot per entry (people's lane came first); on shutdown
-		// the entries are handed back for another runner to reclaim.
-		for i := range es {
-			if !r.acquire(ctx) {
-				r.release(i)
-				r.handBackEntries(ctx, es)
-				return
-			}
-		}
-		if len(es) > 0 {
-			r.claimAndStart(ctx, p, es)
+		// BLPOP through Do: go-redis's BLPop rounds timeouts up to whole
+		// seconds, and Redis takes fractions.
+		err = r.reg.rdb.Do(ctx, "BLPOP", bell, blockSeconds).Err()
+		if err != nil && !errors.Is(err, redis.Nil) && !onErr(err) {
+			return
 		}
 	}
 }
@@ -186,28 +138,19 @@ func (r *Runner) claimAndStart(ctx context.Context, p int, es []entry) {
 	}
 }
 
-// handBackEntries makes entries this runner read but never claimed — it
-// was stopping — reclaimable by another runner at once (XCLAIM … IDLE the
-// reclaim idle time) instead of after a whole idle period. Best effort:
-// when Redis is unreachable the entries are reclaimed after that period.
+// handBackEntries makes entries this runner took but never claimed — it
+// was stopping — reclaimable by another runner at once instead of after a
+// reclaim idle time. Best effort: when Redis is unreachable the entries are
+// reclaimed after that time.
 func (r *Runner) handBackEntries(ctx context.Context, es []entry) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handBackTimeout)
 	defer cancel()
-	for _, l := range keyspace.Lanes() {
-		args := []any{"XCLAIM", "", keyspace.Group, r.owner, 0}
-		for _, e := range es {
-			if e.lane == l {
-				args[1] = r.reg.ks.Stream(e.p, l)
-				args = append(args, e.id)
-			}
-		}
-		if len(args) == 5 {
-			continue
-		}
-		args = append(args, "IDLE", r.reclaimIdle.Milliseconds(), "JUSTID")
-		if err := r.reg.rdb.Do(ctx, args...).Err(); err != nil && !errors.Is(err, redis.Nil) {
-			r.log.Warn("hand-back of unclaimed entries failed; they are reclaimed after the lease TTL", slog.Any("error", err))
-		}
+	pipe := r.reg.rdb.Pipeline()
+	for _, e := range es {
+		pipe.ZAddXX(ctx, r.reg.ks.Taken(e.p), redis.Z{Score: 0, Member: e.id})
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		r.log.Warn("hand-back of unclaimed entries failed; they are reclaimed after the lease TTL", slog.Any("error", err))
 	}
 }
 

@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"sync"
@@ -218,4 +219,42 @@ func runChildRunner(t *testing.T, reg *Registry, cfg RunnerConfig, bound time.Du
 	if err := rn.Run(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// takeEntries takes up to n entries of partition p off its lanes (people
+// first) into the taken set, as a runner's read does (read_next.lua), and
+// returns them: a runner that read them and then died or stalled.
+func takeEntries(tb testing.TB, reg *Registry, p, n int) []entry {
+	tb.Helper()
+	res, err := reg.scripts.readNext.Run(context.Background(), reg.rdb, reg.ks.QueueKeys(p), n, "p",
+		time.Minute.Milliseconds()).Slice()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		tb.Fatal(err)
+	}
+	out := make([]entry, 0, len(res))
+	for _, v := range res {
+		e, ok := entryFrom(p, replyString(v))
+		if !ok {
+			tb.Fatalf("entry %q is not tasklease's", v)
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// queueState describes partition p's request queue for a failure message:
+// the lanes' and the taken set's entries (with scores).
+func queueState(ctx context.Context, rdb redis.UniversalClient, reg *Registry, p int) (lines []string, empty bool) {
+	empty = true
+	for _, l := range [...]string{reg.ks.Queue(p, 0), reg.ks.Queue(p, 1)} {
+		if es, _ := rdb.LRange(ctx, l, 0, -1).Result(); len(es) > 0 {
+			empty = false
+			lines = append(lines, fmt.Sprintf("%s: %d entries %q", l, len(es), es))
+		}
+	}
+	if zs, _ := rdb.ZRangeWithScores(ctx, reg.ks.Taken(p), 0, -1).Result(); len(zs) > 0 {
+		empty = false
+		lines = append(lines, fmt.Sprintf("%s: %d taken %v", reg.ks.Taken(p), len(zs), zs))
+	}
+	return lines, empty
 }

@@ -8,7 +8,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/tasklease/tasklease/internal/keyspace"
 	"github.com/tasklease/tasklease/taskkey"
 )
 
@@ -17,25 +16,21 @@ const (
 	// JanitorIntervalDefault: how often a runner prunes the bookkeeping of
 	// every partition (lua/janitor.lua).
 	JanitorIntervalDefault = time.Minute
-	// ConsumerIdleLimit: a consumer-group member with no pending entries
-	// that has not read for this long belongs to a runner that is gone
-	// (live runners read every partition at least every FetchBlock).
-	ConsumerIdleLimit = 5 * time.Minute
 	// janitorBatch bounds the index candidates one script examines.
 	janitorBatch = 200
 )
 
 // janitorCounts is what one pass removed.
-type janitorCounts struct{ subjects, index, consumers int64 }
+type janitorCounts struct{ subjects, index int64 }
 
 // janitorPass prunes every partition once: subjects not requested within
-// the retention, index entries of expired records, and consumer-group
-// members of runners that are gone. Everything tasklease writes is thereby
+// the retention and index entries of expired records. Everything
+// tasklease writes is thereby
 // bounded by live work or the retention (DESIGN §2.6).
 func (r *Runner) janitorPass(ctx context.Context) {
 	var total janitorCounts
 	for p := range r.reg.ks.Partitions() {
-		c, err := r.reg.janitor(ctx, p, r.owner, r.consumerIdle)
+		c, err := r.reg.janitor(ctx, p)
 		if err != nil {
 			if ctx.Err() == nil {
 				r.log.Warn("janitor failed", slog.String("component", "janitor"), slog.Int("partition", p), slog.Any("error", err))
@@ -44,18 +39,15 @@ func (r *Runner) janitorPass(ctx context.Context) {
 		}
 		total.subjects += c.subjects
 		total.index += c.index
-		total.consumers += c.consumers
 	}
 	if total != (janitorCounts{}) {
 		r.log.Info("janitor pruned", slog.String("component", "janitor"), slog.Int64("subjects", total.subjects),
-			slog.Int64("index", total.index), slog.Int64("consumers", total.consumers))
+			slog.Int64("index", total.index))
 	}
 }
 
-// janitor runs lua/janitor.lua on partition p; consumer is the caller's
-// own consumer name, never deleted; members idle longer than idleLimit
-// with nothing pending are.
-func (r *Registry) janitor(ctx context.Context, p int, consumer string, idleLimit time.Duration) (janitorCounts, error) {
+// janitor runs lua/janitor.lua on partition p.
+func (r *Registry) janitor(ctx context.Context, p int) (janitorCounts, error) {
 	ks := r.ks
 	cutoff := time.Now().Add(-r.retention).UnixMilli() // candidates only: the script decides by EXISTS
 	cands, err := r.rdb.ZRangeByScore(ctx, ks.Index(p), &redis.ZRangeBy{
@@ -64,13 +56,13 @@ func (r *Registry) janitor(ctx context.Context, p int, consumer string, idleLimi
 	if err != nil {
 		return janitorCounts{}, err
 	}
-	keys := make([]string, 0, 3+len(r.scopes)+len(cands))
-	keys = append(keys, ks.Index(p), ks.Requests(p), ks.PeopleRequests(p))
+	keys := make([]string, 0, 1+len(r.scopes)+len(cands))
+	keys = append(keys, ks.Index(p))
 	for _, scope := range r.scopes {
 		keys = append(keys, ks.Subjects(p, scope))
 	}
-	args := make([]any, 0, 5+len(cands))
-	args = append(args, r.retention.Milliseconds(), len(r.scopes), idleLimit.Milliseconds(), keyspace.Group, consumer)
+	args := make([]any, 0, 2+len(cands))
+	args = append(args, r.retention.Milliseconds(), len(r.scopes))
 	for _, c := range cands {
 		k, err := taskkey.Parse(c)
 		if err != nil { // not ours: a task record name cannot be derived; drop it
@@ -84,8 +76,8 @@ func (r *Registry) janitor(ctx context.Context, p int, consumer string, idleLimi
 	if err != nil {
 		return janitorCounts{}, err
 	}
-	if len(res) != 3 {
+	if len(res) != 2 {
 		return janitorCounts{}, nil
 	}
-	return janitorCounts{subjects: res[0], index: res[1], consumers: res[2]}, nil
+	return janitorCounts{subjects: res[0], index: res[1]}, nil
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tasklease/tasklease/internal/keyspace"
 	"github.com/tasklease/tasklease/internal/redistest"
 	"github.com/tasklease/tasklease/taskkey"
 )
@@ -52,13 +53,13 @@ func lnEnv(t *testing.T, rdb redis.UniversalClient, prefix string, h Handler) *t
 	return newEnv(t, rdb, Config{Prefix: prefix, Partitions: 1, Jobs: []Job{clJob(lnScope, Stage{Name: "only", Handler: h})}})
 }
 
-// lnLens returns the lengths of partition 0's people and bulk streams.
+// lnLens returns the lengths of partition 0's people and bulk lanes.
 func lnLens(t testing.TB, e *testEnv) (people, bulk int64) {
 	t.Helper()
 	ctx := context.Background()
 	pipe := e.rdb.Pipeline()
-	p := pipe.XLen(ctx, e.reg.ks.PeopleRequests(0))
-	b := pipe.XLen(ctx, e.reg.ks.Requests(0))
+	p := pipe.LLen(ctx, e.reg.ks.Queue(0, keyspace.LanePeople))
+	b := pipe.LLen(ctx, e.reg.ks.Queue(0, keyspace.LaneBulk))
 	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
 		t.Fatal(err)
 	}
@@ -66,7 +67,7 @@ func lnLens(t testing.TB, e *testEnv) (people, bulk int64) {
 }
 
 // lnWaitDrained waits until n runs executed, every listed subject's run is
-// done and both lanes are empty (every entry acknowledged and deleted).
+// done and the queue is empty (every entry taken and acknowledged).
 func lnWaitDrained(t *testing.T, e *testEnv, o *lnOrder, n int, subjects []string) {
 	t.Helper()
 	waitFor(t, 30*time.Second, fmt.Sprintf("%d runs executed", n), func() bool { return len(o.order()) >= n })
@@ -75,9 +76,9 @@ func lnWaitDrained(t *testing.T, e *testEnv, o *lnOrder, n int, subjects []strin
 			t.Fatalf("%s: status %s, want done", s, v.Status)
 		}
 	}
-	waitFor(t, 10*time.Second, "both lanes empty", func() bool {
-		p, b := lnLens(t, e)
-		return p == 0 && b == 0
+	waitFor(t, 10*time.Second, "both lanes and the taken set empty", func() bool {
+		_, empty := queueState(context.Background(), e.rdb, e.reg, 0)
+		return empty
 	})
 }
 
@@ -177,28 +178,22 @@ func TestLanesPersonJoinPromotesQueuedBulkRun(t *testing.T) {
 				t.Fatalf("manual join: %s run %s, want joined %s", r.Outcome, r.Task.RunID, before["runId"])
 			}
 			after := clRaw(t, e.reg, target, lnScope)
-			// (The new entry's id may equal the old one's: ids are per stream,
-			// and two XADDs in the same millisecond get the same one.)
-			if after["lane"] != "p" || after["entry"] == "" {
+			if after["lane"] != "p" || after["entry"] == "" || after["entry"] == before["entry"] {
 				t.Fatalf("after the manual join: lane %q entry %q (was %q); want lane p and a new entry",
 					after["lane"], after["entry"], before["entry"])
 			}
-			if p, bl := lnLens(t, e); p != 1 || bl != 29 {
-				t.Fatalf("after the manual join: people %d bulk %d, want 1 and 29", p, bl)
+			// The bulk entry stays (the claim that reads it finds the run
+			// started or over); the people lane gets one.
+			if p, bl := lnLens(t, e); p != 1 || bl != 30 {
+				t.Fatalf("after the manual join: people %d bulk %d, want 1 and 30", p, bl)
 			}
-			msgs, err := e.rdb.XRange(ctx, e.reg.ks.PeopleRequests(0), "-", "+").Result()
-			if err != nil || len(msgs) != 1 {
-				t.Fatalf("people lane: %v, %v", msgs, err)
+			es, err := e.rdb.LRange(ctx, e.reg.ks.Queue(0, keyspace.LanePeople), 0, -1).Result()
+			if err != nil || len(es) != 1 {
+				t.Fatalf("people lane: %v, %v", es, err)
 			}
-			if m := msgs[0]; m.ID != after["entry"] || m.Values["runId"] != before["runId"] ||
-				m.Values["key"] != taskkey.MustNew(target, lnScope).String() {
-				t.Errorf("people entry %s %v, want id %s for run %s", m.ID, m.Values, after["entry"], before["runId"])
-			}
-			if n, err := e.rdb.XLen(ctx, e.reg.ks.Requests(0)).Result(); err != nil || n != 29 {
-				t.Fatalf("bulk lane %d, %v", n, err)
-			}
-			if old, err := e.rdb.XRange(ctx, e.reg.ks.Requests(0), before["entry"], before["entry"]).Result(); err != nil || len(old) != 0 {
-				t.Errorf("the promoted run's bulk entry is still there: %v, %v", old, err)
+			if en, ok := entryFrom(0, es[0]); !ok || es[0] != after["entry"] || en.runID != before["runId"] ||
+				en.key != taskkey.MustNew(target, lnScope) || en.lane != keyspace.LanePeople || en.source != "manual" {
+				t.Errorf("people entry %q (%+v), want %q for run %s", es[0], en, after["entry"], before["runId"])
 			}
 
 			// A second person's join (another person source) does not add a
@@ -206,8 +201,8 @@ func TestLanesPersonJoinPromotesQueuedBulkRun(t *testing.T) {
 			if r := clSubmit(t, e.reg, target, lnScope, SourceForeground, ""); r.Outcome != OutcomeJoined {
 				t.Fatalf("foreground join: %s", r.Outcome)
 			}
-			if p, bl := lnLens(t, e); p != 1 || bl != 29 {
-				t.Fatalf("after a second person's join: people %d bulk %d, want 1 and 29", p, bl)
+			if p, bl := lnLens(t, e); p != 1 || bl != 30 {
+				t.Fatalf("after a second person's join: people %d bulk %d, want 1 and 30", p, bl)
 			}
 			if l := clRaw(t, e.reg, target, lnScope)["entry"]; l != after["entry"] {
 				t.Errorf("a second join moved the entry again: %s, was %s", l, after["entry"])

@@ -54,11 +54,12 @@ func newMetrics() *Metrics {
 
 func (m *Metrics) register(reg prometheus.Registerer, depth func(context.Context) (int64, int64, error)) error {
 	streamDepth := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "tasklease_queue_depth", Help: "Requests waiting in the partition streams (pending included).",
+		// The label keeps its name from when the queues were streams.
+		Name: "tasklease_queue_depth", Help: "Requests in the partition queues: both lanes and the entries taken by runners (queue=stream), and runs waiting in the retry queues (queue=retry).",
 		ConstLabels: prometheus.Labels{"queue": "stream"},
 	}, func() float64 { s, _, _ := depthNow(depth); return float64(s) })
 	retryDepth := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "tasklease_queue_depth", Help: "Requests waiting in the partition streams (pending included).",
+		Name: "tasklease_queue_depth", Help: "Requests in the partition queues: both lanes and the entries taken by runners (queue=stream), and runs waiting in the retry queues (queue=retry).",
 		ConstLabels: prometheus.Labels{"queue": "retry"},
 	}, func() float64 { _, r, _ := depthNow(depth); return float64(r) })
 	// Whether this process reaches Redis, as /readyz says: the alert a

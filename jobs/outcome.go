@@ -12,11 +12,11 @@ import (
 )
 
 // finish ends an attempt with finish.lua. With readNext (and unless the
-// runner is stopping) the same script reads the next entry of the
+// runner is stopping) the same script takes the next entry of the
 // partition for the slot this run frees, people's lane first; the caller
 // claims and runs it with the same slot.
 func (r *Runner) finish(job *Job, e entry, lease leasing.Lease, result, completed string, stageErr error, attempt int, readNext bool, log *slog.Logger) []entry {
-	p, runID, entryID, lane := e.p, e.runID, e.id, e.lane
+	p, runID, entryID := e.p, e.runID, e.id
 	k := lease.Key
 	ks := r.reg.ks
 	errText := ""
@@ -38,10 +38,10 @@ func (r *Runner) finish(job *Job, e entry, lease leasing.Lease, result, complete
 	defer cancel()
 	followUp := newRunID() // the id of a queued follow-up, if this finish starts one
 	fin := &scriptCall{script: r.reg.scripts.finish,
-		keys: []string{ks.Task(k), ks.Lease(k), ks.Requests(p), ks.PeopleRequests(p), ks.History(k), ks.Index(p), ks.Retry(p), ks.Watch(p)},
-		args: []any{lease.Owner, lease.Token, runID, result, completed, errText, delay.Milliseconds(), keyspace.Group,
+		keys: append([]string{ks.Task(k), ks.Lease(k), ks.History(k), ks.Index(p), ks.Retry(p), ks.Watch(p)}, ks.QueueKeys(p)...),
+		args: []any{lease.Owner, lease.Token, runID, result, completed, errText, delay.Milliseconds(), r.reclaimIdle.Milliseconds(),
 			r.reg.histCap, ks.Events(p), r.reg.retention.Milliseconds(), followUp,
-			r.reg.stagesCSV[job.Scope], job.Retry.MaxAttempts, read, first.Letter(), k.String(), entryID, lane.Letter()}}
+			r.reg.stagesCSV[job.Scope], job.Retry.MaxAttempts, read, first.Letter(), k.String(), entryID}}
 	if r.reg.tracer != nil {
 		fin.keys = append(fin.keys, ks.FollowUpLinks(k), ks.Links(k, followUp))
 	}

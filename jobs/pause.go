@@ -17,7 +17,7 @@ const resumeBatch = 500
 // Pause pauses scope: requests are still accepted (and coalesced by key as
 // always), but no runner claims a run of the scope until Resume; runs that
 // are executing finish. The claim script checks the pause atomically, in
-// the partition of each run; a run it meets is parked off the stream
+// the partition of each run; a run it meets is parked off the queue
 // (TaskView.Waiting says so) and re-queued by Resume. Pausing a paused
 // scope changes nothing.
 func (r *Registry) Pause(ctx context.Context, scope string) error {
@@ -72,7 +72,8 @@ func (r *Registry) resumePartition(ctx context.Context, p int, scope string) (in
 		if len(members) == 0 && unpaused {
 			return total, nil
 		}
-		keys := []string{r.ks.Paused(p), r.ks.Parked(p), r.ks.Requests(p), r.ks.PeopleRequests(p), r.ks.Watch(p)}
+		keys := append([]string{r.ks.Paused(p), r.ks.Parked(p)}, r.ks.QueueKeys(p)...)
+		keys = append(keys, r.ks.Watch(p))
 		args := []any{scope, r.ks.Events(p)}
 		for _, m := range members {
 			k, err := taskkey.New(m[len(scope)+1:], scope)

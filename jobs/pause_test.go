@@ -61,12 +61,11 @@ func TestPauseHoldsNewRunsAndResumeRunsThem(t *testing.T) {
 			if n := paused.get("a1/only") + paused.get("a2/only") + paused.get("a3/only") + paused.get("a4/only"); n != 0 {
 				t.Fatalf("%d runs of the paused scope executed", n)
 			}
-			// The parked runs left the streams: nobody reads or reclaims them.
+			// The parked runs left the queues: nobody reads or reclaims them.
 			var parked int64
 			for p := range 2 {
-				people, bulk := e.rdb.XLen(ctx, e.reg.ks.PeopleRequests(p)).Val(), e.rdb.XLen(ctx, e.reg.ks.Requests(p)).Val()
-				if people+bulk != 0 {
-					t.Errorf("partition %d: %d people and %d bulk entries left in the streams", p, people, bulk)
+				if lines, empty := queueState(ctx, e.rdb, e.reg, p); !empty {
+					t.Errorf("partition %d: entries left in the queue: %v", p, lines)
 				}
 				parked += e.rdb.ZCard(ctx, e.reg.ks.Parked(p)).Val()
 			}
@@ -189,9 +188,6 @@ func TestResumeRequeuesARunParkedWhileItReads(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := rn.ensureGroups(ctx); err != nil {
-				t.Fatal(err)
-			}
 			if err := admin.reg.Pause(ctx, psPaused); err != nil {
 				t.Fatal(err)
 			}
@@ -201,14 +197,11 @@ func TestResumeRequeuesARunParkedWhileItReads(t *testing.T) {
 			t.Cleanup(func() { rc.Close() })
 			rc.AddHook(&parkDuringRead{fn: func() {
 				clSubmit(t, admin.reg, "late", psPaused, SourceManual, "")
-				res, err := admin.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: keyspace.Group, Consumer: rn.owner,
-					Streams: []string{admin.reg.ks.PeopleRequests(0), ">"}, Count: 10, Block: -1}).Result()
-				if err != nil || len(res[0].Messages) != 1 {
-					t.Fatalf("read of the late request: %v %v", res, err)
+				es := takeEntries(t, admin.reg, 0, 10)
+				if len(es) != 1 {
+					t.Fatalf("read of the late request: %v", es)
 				}
-				m := res[0].Messages[0]
-				e, _ := entryFrom(0, keyspace.LanePeople, m.ID, m.Values)
-				claims, err := rn.claim(ctx, 0, []entry{e})
+				claims, err := rn.claim(ctx, 0, es)
 				if err != nil || claims[0].kind != claimPaused {
 					t.Fatalf("claim of the late request: %+v %v, want it parked", claims, err)
 				}
@@ -224,7 +217,7 @@ func TestResumeRequeuesARunParkedWhileItReads(t *testing.T) {
 			if n := admin.rdb.ZCard(ctx, admin.reg.ks.Parked(0)).Val(); n != 0 {
 				t.Errorf("%d runs still parked", n)
 			}
-			if n := admin.rdb.XLen(ctx, admin.reg.ks.PeopleRequests(0)).Val(); n != 1 {
+			if n := admin.rdb.LLen(ctx, admin.reg.ks.Queue(0, keyspace.LanePeople)).Val(); n != 1 {
 				t.Errorf("%d entries in the people lane, want the late run's", n)
 			}
 		})

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/tasklease/tasklease/internal/keyspace"
 	"github.com/tasklease/tasklease/internal/redistest"
 	"github.com/tasklease/tasklease/lua"
 	"github.com/tasklease/tasklease/taskkey"
@@ -346,26 +345,11 @@ func TestStoppingRunnerHandsBackUnclaimedEntries(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if err := rn.ensureGroups(ctx); err != nil {
-		t.Fatal(err)
-	}
 	clSubmit(t, e.reg, "u1", "course_sync", SourceManual, "")
 	clSubmit(t, e.reg, "u2", "course_sync", SourceSchedule, "")
 	var es []entry
 	for p := range e.reg.ks.Partitions() {
-		for _, l := range keyspace.Lanes() {
-			streams, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: keyspace.Group, Consumer: rn.owner,
-				Streams: []string{e.reg.ks.Stream(p, l), ">"}, Count: 10, Block: -1}).Result()
-			if err != nil && !errors.Is(err, redis.Nil) {
-				t.Fatal(err)
-			}
-			for _, s := range streams {
-				for _, m := range s.Messages {
-					en, _ := entryFrom(p, l, m.ID, m.Values)
-					es = append(es, en)
-				}
-			}
-		}
+		es = append(es, takeEntries(t, e.reg, p, 10)...)
 	}
 	if len(es) != 2 {
 		t.Fatalf("read %d entries, want 2", len(es))
@@ -374,13 +358,12 @@ func TestStoppingRunnerHandsBackUnclaimedEntries(t *testing.T) {
 	cancel()
 	rn.handBackEntries(stopped, es)
 	for _, en := range es {
-		pend, err := rdb.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: e.reg.ks.Stream(en.p, en.lane), Group: keyspace.Group,
-			Idle: rn.reclaimIdle, Start: "-", End: "+", Count: 10}).Result()
+		due, err := rdb.ZRangeByScore(ctx, e.reg.ks.Taken(en.p), &redis.ZRangeBy{Min: "-inf", Max: "0"}).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(pend) != 1 || pend[0].ID != en.id {
-			t.Errorf("%s: reclaimable now %v, want entry %s", en.key, pend, en.id)
+		if len(due) != 1 || due[0] != en.id {
+			t.Errorf("%s: reclaimable now %v, want entry %s", en.key, due, en.id)
 		}
 	}
 }

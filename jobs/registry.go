@@ -100,7 +100,7 @@ func isSingleNode(rdb redis.UniversalClient) bool {
 }
 
 type scripts struct {
-	submit, submitMany, claim, readNext, heartbeat, finish, cancel, retryMove, janitor, resume, runnerBeat *redis.Script
+	submit, submitMany, claim, readNext, reclaim, heartbeat, finish, cancel, retryMove, janitor, resume, runnerBeat *redis.Script
 }
 
 // NewRegistry validates cfg and returns a Registry on rdb.
@@ -147,6 +147,7 @@ func NewRegistry(rdb redis.UniversalClient, cfg Config) (*Registry, error) {
 			janitor:    lua.MustScript("janitor"),
 			claim:      lua.MustScript("claim"),
 			readNext:   lua.MustScript("read_next"),
+			reclaim:    lua.MustScript("reclaim"),
 			heartbeat:  lua.MustScript("heartbeat"),
 			finish:     lua.MustScript("finish"),
 			cancel:     lua.MustScript("cancel"),
@@ -379,9 +380,8 @@ func (r *Registry) Cancel(ctx context.Context, subject, scope string) (CancelOut
 		return "", err
 	}
 	p := r.ks.Partition(k)
-	res, err := r.scripts.cancel.Run(ctx, r.gc,
-		[]string{r.ks.Task(k), r.ks.Requests(p), r.ks.History(k), r.ks.Index(p), r.ks.Retry(p), r.ks.Watch(p), r.ks.PeopleRequests(p)},
-		keyspace.Group, r.histCap, r.ks.Events(p), r.ks.Cancels(p), r.retention.Milliseconds(), "registry").Text()
+	keys := append([]string{r.ks.Task(k), r.ks.History(k), r.ks.Index(p), r.ks.Retry(p), r.ks.Watch(p)}, r.ks.QueueKeys(p)...)
+	res, err := r.scripts.cancel.Run(ctx, r.gc, keys, r.histCap, r.ks.Events(p), r.ks.Cancels(p), r.retention.Milliseconds(), "registry").Text()
 	if err != nil {
 		return "", fmt.Errorf("jobs: cancel %s: %w", k, err)
 	}
@@ -406,27 +406,29 @@ func (r *Registry) CancelSubject(ctx context.Context, subject string) (map[strin
 	return out, nil
 }
 
-// QueueDepth returns the number of requests in the partition streams (both
-// lanes) and in the retry queues.
-func (r *Registry) QueueDepth(ctx context.Context) (stream, retry int64, err error) {
+// QueueDepth returns the number of requests in the partitions' request
+// queues (both lanes and the entries taken by runners: waiting, being
+// claimed or executing) and in the retry queues.
+func (r *Registry) QueueDepth(ctx context.Context) (queued, retry int64, err error) {
 	pipe := r.rdb.Pipeline()
 	var xl, zc []*redis.IntCmd
 	for p := range r.ks.Partitions() {
 		for _, l := range keyspace.Lanes() {
-			xl = append(xl, pipe.XLen(ctx, r.ks.Stream(p, l)))
+			xl = append(xl, pipe.LLen(ctx, r.ks.Queue(p, l)))
 		}
+		xl = append(xl, pipe.ZCard(ctx, r.ks.Taken(p)))
 		zc = append(zc, pipe.ZCard(ctx, r.ks.Retry(p)))
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return 0, 0, fmt.Errorf("jobs: queue depth: %w", err)
 	}
 	for _, c := range xl {
-		stream += c.Val()
+		queued += c.Val()
 	}
 	for _, c := range zc {
 		retry += c.Val()
 	}
-	return stream, retry, nil
+	return queued, retry, nil
 }
 
 // Subscribe delivers a TaskView for every state change until ctx ends (the

@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tasklease/tasklease/internal/keyspace"
 	"github.com/tasklease/tasklease/leasing"
 )
 
@@ -44,21 +43,21 @@ type RunnerConfig struct {
 	// ShutdownGrace: on shutdown, running stages get this long to finish;
 	// the rest are stopped and handed back (default 10s).
 	ShutdownGrace time.Duration
-	// FetchBlock is how long one blocking stream read waits (default 1s);
-	// shutdown waits for the reads in flight, so keep it short.
+	// FetchBlock is how long an idle partition's wait on its bell blocks
+	// (default 1s); shutdown waits for the waits in flight, so keep it
+	// short. It also bounds how long a lost ring delays work.
 	FetchBlock time.Duration
-	// FetchBatch bounds the entries read per stream read (default 16).
+	// FetchBatch bounds the entries taken per read (default 16).
 	FetchBatch int
 	// ReclaimInterval: how often crashed runners' entries are reclaimed
 	// (default min(LeaseTTL/4, 1s)); a crashed run is taken over within its
 	// lease TTL + ReclaimInterval.
 	ReclaimInterval time.Duration
-	// RetryPoll: how often due retries are moved back to the streams
+	// RetryPoll: how often due retries are moved back to the bulk lanes
 	// (default 500ms).
 	RetryPoll time.Duration
-	// JanitorInterval: how often this runner prunes expired subjects,
-	// index entries and consumer-group members of gone runners (default
-	// JanitorIntervalDefault).
+	// JanitorInterval: how often this runner prunes expired subjects and
+	// index entries (default JanitorIntervalDefault).
 	JanitorInterval time.Duration
 	// PresenceInterval: how often this runner refreshes its record in the
 	// runner registry, GET /v1/runners (default PresenceIntervalDefault);
@@ -109,7 +108,7 @@ func (c *RunnerConfig) normalize() error {
 	return nil
 }
 
-// Runner consumes the partition streams and executes runs: it claims a
+// Runner consumes the partition queues and executes runs: it claims a
 // request and its lease in one script, resumes from the checkpoint, runs the
 // remaining stages under a context cancelled on lease loss, cancel, timeout
 // or shutdown, and finishes in one fenced script. Any number of Runners
@@ -118,19 +117,13 @@ type Runner struct {
 	reg   *Registry
 	cfg   RunnerConfig
 	owner string
-	// reclaimIdle: entries idle this long are re-examined by claim; the
-	// shortest lease TTL of any job, so no expired lease waits for longer.
+	// reclaimIdle: a taken entry nobody heartbeats for this long is
+	// re-examined by claim; the shortest lease TTL of any job, so no
+	// expired lease waits for longer.
 	reclaimIdle time.Duration
-	// reclaimFrom is, per partition and lane, where the reclaimer's next
-	// scan of the pending entries starts ("" = the beginning). Reclaimer
-	// goroutine only.
-	reclaimFrom []string
-	// consumerIdle: the janitor deletes consumer-group members with
-	// nothing pending idle this long (ConsumerIdleLimit; tests shorten it).
-	consumerIdle time.Duration
-	log          *slog.Logger
-	slots        chan struct{}
-	presence     *presence // this runner's record in the runner registry
+	log         *slog.Logger
+	slots       chan struct{}
+	presence    *presence // this runner's record in the runner registry
 
 	workCtx    context.Context // runs; cancelled with ErrShutdown after the grace
 	workCancel context.CancelCauseFunc
@@ -168,7 +161,7 @@ func NewRunner(reg *Registry, cfg RunnerConfig) (*Runner, error) {
 	owner := cfg.ID + "/" + newRunID()[:6]
 	return &Runner{
 		reg: reg, cfg: cfg, owner: owner, reclaimIdle: reclaimIdle,
-		reclaimFrom: make([]string, reg.ks.Partitions()*len(keyspace.Lanes())), reads: make([]atomic.Uint64, reg.ks.Partitions()), consumerIdle: ConsumerIdleLimit,
+		reads:    make([]atomic.Uint64, reg.ks.Partitions()),
 		log:      reg.log.With(slog.String("owner", owner)),
 		slots:    make(chan struct{}, cfg.Concurrency),
 		presence: newPresence(cfg.PresenceInterval, cfg.Version),
@@ -195,9 +188,6 @@ func (r *Runner) Owner() string { return r.owner }
 // released, checkpoint kept, request re-queued) so another runner resumes
 // at once. It returns after every run has returned.
 func (r *Runner) Run(ctx context.Context) error {
-	if err := r.ensureGroups(ctx); err != nil {
-		return err
-	}
 	// Subscribe before taking work: a cancel published in between would
 	// otherwise only be seen at the next heartbeat.
 	cancels, err := r.subscribeCancels(ctx)
@@ -238,23 +228,3 @@ func (r *Runner) Run(ctx context.Context) error {
 // taking reports whether the runner takes new work (Run is running and its
 // context has not ended).
 func (r *Runner) taking() bool { return r.fetchCtx != nil && r.fetchCtx.Err() == nil }
-
-func (r *Runner) ensureGroups(ctx context.Context) error {
-	for p := range r.reg.ks.Partitions() {
-		if err := r.ensureGroup(ctx, p); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (r *Runner) ensureGroup(ctx context.Context, p int) error {
-	for _, l := range keyspace.Lanes() {
-		stream := r.reg.ks.Stream(p, l)
-		err := r.reg.rdb.XGroupCreateMkStream(ctx, stream, keyspace.Group, "0").Err()
-		if err != nil && !strings.Contains(err.Error(), "BUSYGROUP") {
-			return fmt.Errorf("jobs: create consumer group on %s: %w", stream, err)
-		}
-	}
-	return nil
-}

@@ -33,5 +33,3 @@ func (r *Runner) release(n int) {
 		<-r.slots
 	}
 }
-
-// fetchLoop reads partition p's stream. While slots are free it reads

@@ -59,7 +59,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/tasklease/tasklease/internal/keyspace"
 	"github.com/tasklease/tasklease/internal/redistest"
 	"github.com/tasklease/tasklease/leasing"
 	"github.com/tasklease/tasklease/lua"
@@ -1055,29 +1054,8 @@ func (st *soakTest) drainState(verbose bool) string {
 		}
 	}
 	for p := range soakPartitions {
-		for _, lane := range keyspace.Lanes() {
-			stream := st.reg.ks.Stream(p, lane)
-			if n, _ := st.rdb.XLen(ctx, stream).Result(); n != 0 {
-				out = append(out, fmt.Sprintf("%s: %d entries", stream, n))
-				if verbose {
-					msgs, _ := st.rdb.XRange(ctx, stream, "-", "+").Result()
-					for _, m := range msgs {
-						out = append(out, fmt.Sprintf("  entry %s %v", m.ID, m.Values))
-					}
-				}
-			}
-			if pend, err := st.rdb.XPending(ctx, stream, keyspace.Group).Result(); err != nil {
-				out = append(out, fmt.Sprintf("%s: XPENDING: %v", stream, err))
-			} else if pend.Count != 0 {
-				out = append(out, fmt.Sprintf("%s: %d pending", stream, pend.Count))
-				if verbose {
-					ext, _ := st.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: stream, Group: keyspace.Group,
-						Start: "-", End: "+", Count: 100}).Result()
-					for _, x := range ext {
-						out = append(out, fmt.Sprintf("  pending %s consumer %s idle %s deliveries %d", x.ID, x.Consumer, x.Idle, x.RetryCount))
-					}
-				}
-			}
+		if lines, empty := queueState(ctx, st.rdb, st.reg, p); !empty {
+			out = append(out, lines...)
 		}
 		if n, _ := st.rdb.ZCard(ctx, st.reg.ks.Retry(p)).Result(); n != 0 {
 			members, _ := st.rdb.ZRangeWithScores(ctx, st.reg.ks.Retry(p), 0, -1).Result()

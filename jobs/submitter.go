@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/tasklease/tasklease/internal/keyspace"
 	"github.com/tasklease/tasklease/taskkey"
 )
 
@@ -97,10 +96,11 @@ func (r *Registry) submitCall(reqs []*submitReq) *scriptCall {
 	}
 	traced := r.tracer != nil // submit.lua's traced layout: two keys and an argument more per request
 	c := &scriptCall{script: r.scripts.submit,
-		keys: make([]string, 0, 5*len(parts)+5*len(reqs)), args: make([]any, 0, 5+2*len(parts)+10*len(reqs))}
-	c.args = append(c.args, r.histCap, keyspace.Group, r.retention.Milliseconds(), len(parts), boolFlag(traced))
+		keys: make([]string, 0, 7*len(parts)+5*len(reqs)), args: make([]any, 0, 4+2*len(parts)+10*len(reqs))}
+	c.args = append(c.args, r.histCap, r.retention.Milliseconds(), len(parts), boolFlag(traced))
 	for _, p := range parts {
-		c.keys = append(c.keys, r.ks.Requests(p), r.ks.Index(p), r.ks.Retry(p), r.ks.Watch(p), r.ks.PeopleRequests(p))
+		c.keys = append(c.keys, r.ks.QueueKeys(p)...)
+		c.keys = append(c.keys, r.ks.Index(p), r.ks.Retry(p), r.ks.Watch(p))
 		c.args = append(c.args, r.ks.Events(p), r.ks.Cancels(p))
 	}
 	for i, q := range reqs {

@@ -1,25 +1,24 @@
--- claim: a runner takes requests it read from a partition's streams. For
+-- claim: a runner takes requests it took from a partition's lanes. For
 -- each entry one decision — stale, busy, foreign or granted — and on a grant
 -- it takes the lease with the key's next fencing token and enters the first
 -- incomplete stage. Several entries of one partition go in one call.
 -- KEYS[1] partition index   KEYS[2] partition watch key (views are published
---         only while it exists)   KEYS[3] bulk request stream   KEYS[4] people request stream
--- KEYS[5] partition's paused scopes (a set)   KEYS[6] partition's parked runs
+--         only while it exists)   KEYS[3..6] the partition's queue keys (queue_at)
+-- KEYS[7] partition's paused scopes (a set)   KEYS[8] partition's parked runs
 --         (a sorted set, all scores 0, members "<scope> <subject>")
--- KEYS[4+3i] task record of entry i   KEYS[5+3i] its lease   KEYS[6+3i] its history   (i = 1..n)
--- ARGV[1] owner (and consumer name)   ARGV[2] group   ARGV[3] history cap
--- ARGV[4] events channel   ARGV[5] retention (ms)
--- ARGV[6] reclaim idle (ms): min idle time after which entries are reclaimed
--- per entry i, ARGV[j+1 .. j+8] with j = 6 + 8(i-1):
---   lane ('p' or 'b': the stream the entry was read from)   entry id   runId
+-- KEYS[6+3i] task record of entry i   KEYS[7+3i] its lease   KEYS[8+3i] its history   (i = 1..n)
+-- ARGV[1] owner   ARGV[2] history cap   ARGV[3] events channel   ARGV[4] retention (ms)
+-- per entry i, ARGV[j+1 .. j+8] with j = 4 + 8(i-1):
+--   lane ('p' or 'b': the lane the entry was taken from)   the entry   runId
 --   source   lease ttl (ms)   follow-up run id (used if the claim ends the run
 --   and a follow-up is queued)   the job's stages as this runner defines them
 --   (comma list; '' when this runner does not define the job)   its maxAttempts
 -- returns one reply per entry, in order:
 --   {'ack'}                    entry was stale or the run ended here; nothing to do
---   {'busy', holder, pttl}     a live lease exists (or a retry is not due); entry left pending
+--   {'busy', holder, pttl}     a live lease exists (or a retry is not due); the entry
+--                              stays taken, reclaimable when the lease would expire
 --   {'foreign', stage}         the run needs a stage (or job) this runner does not
---                              define: left pending for a runner that does
+--                              define: reclaimable at once by a runner that does
 --   {'paused'}                 the run's scope is paused: the entry is acknowledged
 --                              and the run parked until resume.lua re-queues it
 --   {'granted', token, done, cursor, attempt, stages, sources, startedAt, prevStatus}
@@ -27,15 +26,15 @@
 -- max(token + 1, Redis TIME µs) (next_token), so no separate counter key.
 -- Cost of a grant: HMGET of 12 fields (CLAIM_READ; a retry's due time
 -- and a crashed holder's owner are read only then), GET lease, TIME, SET
--- lease, HSET, RPUSH, EXISTS watch;
+-- lease, HSET, RPUSH, EXISTS watch (the entry stays in the taken set as
+-- the read scored it: the holder's heartbeat moves it on);
 -- plus one SMEMBERS of the paused set per call (an empty set while nothing is
 -- paused: the only cost of pause on the hot path).
-local owner, group, cap, channel = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local idle_ms = tonumber(ARGV[6])
-local streams = {b = KEYS[3], p = KEYS[4]}
+local owner, cap, channel = ARGV[1], ARGV[2], ARGV[3]
+local queue = queue_at(KEYS, 3)
 local now, now_us = clock()
 local paused = nil -- scope -> true, only when some scope is paused
-for _, scope in ipairs(redis.call('SMEMBERS', KEYS[5])) do
+for _, scope in ipairs(redis.call('SMEMBERS', KEYS[7])) do
   paused = paused or {}
   paused[scope] = true
 end
@@ -53,16 +52,15 @@ end
 
 -- ending is what finish_terminal needs when the claim ends a run (rare).
 local function ending(task, hist, next_run_id, def_stages, def_max)
-  return {task = task, streams = streams, hist = hist, index = KEYS[1], group = group, cap = cap,
-    retention = ARGV[5], next_run_id = next_run_id, stages = def_stages, max_attempts = def_max, now = now}
+  return {task = task, q = queue, hist = hist, index = KEYS[1], cap = cap,
+    retention = ARGV[4], next_run_id = next_run_id, stages = def_stages, max_attempts = def_max, now = now}
 end
 
 local function claim_one(task, lease_key, hist, lane, entry_id, run_id, source, ttl, next_run_id, def_stages, def_max)
-  local stream = streams[lane] or streams.b
   local rec = redis.call('HMGET', task, unpack(CLAIM_READ))
   local status = rec[2]
   if rec[1] ~= run_id or not (status == 'queued' or status == 'running' or status == 'retrying') then
-    ack_entry(stream, group, entry_id)
+    ack_entry(queue, entry_id)
     return {'ack'}
   end
 
@@ -70,10 +68,8 @@ local function claim_one(task, lease_key, hist, lane, entry_id, run_id, source, 
   if holder then
     local pttl = redis.call('PTTL', lease_key)
     -- Make the entry reclaimable the moment the lease would expire, not a
-    -- whole idle period later; a live holder's heartbeat takes it back.
-    local idle = idle_ms - pttl
-    if idle < 0 then idle = 0 end
-    redis.call('XCLAIM', stream, group, owner, 0, entry_id, 'IDLE', idle, 'JUSTID')
+    -- whole idle period later; a live holder's heartbeat moves it on.
+    redis.call('ZADD', queue.taken, 'XX', now + pttl, entry_id)
     return {'busy', holder, pttl}
   end
 
@@ -89,14 +85,14 @@ local function claim_one(task, lease_key, hist, lane, entry_id, run_id, source, 
     return {'busy', '', tonumber(next_at) - now}
   end
 
-  -- A paused scope: nobody claims its runs. The entry leaves the stream (so
+  -- A paused scope: nobody claims its runs. The entry is acknowledged (so
   -- no runner keeps reading or reclaiming it) and the run is parked with
   -- the source it was requested by; the record stays queued, running with
   -- an expired lease, or retrying, and is claimed as such after resume.
   local is_paused, scope, subject = scope_paused(task)
   if is_paused then
-    ack_entry(stream, group, entry_id)
-    redis.call('ZADD', KEYS[6], 0, scope .. ' ' .. subject)
+    ack_entry(queue, entry_id)
+    redis.call('ZADD', KEYS[8], 0, scope .. ' ' .. subject)
     redis.call('HSET', task, 'entry', '', 'prun', run_id, 'psrc', source, 'plane', lane,
       'waiting', 'scope ' .. scope .. ' is paused', 'v', '')
     publish_view(task, channel, KEYS[2])
@@ -105,7 +101,8 @@ local function claim_one(task, lease_key, hist, lane, entry_id, run_id, source, 
 
   -- Rolling deploys: a run whose remaining stages this runner does not
   -- define is left to a runner that does, never failed. The entry stays
-  -- pending and immediately reclaimable; the view says what it waits for.
+  -- taken and is reclaimable at once (behind every entry due before it);
+  -- the view says what it waits for.
   local missing = nil
   if def_stages == '' then
     missing = ''
@@ -124,7 +121,7 @@ local function claim_one(task, lease_key, hist, lane, entry_id, run_id, source, 
     else
       why = 'waiting for a runner that defines stage ' .. missing .. ' (' .. owner .. ' does not)'
     end
-    redis.call('XCLAIM', stream, group, owner, 0, entry_id, 'IDLE', idle_ms, 'JUSTID')
+    redis.call('ZADD', queue.taken, 'XX', now, entry_id)
     if rec[10] ~= why then
       redis.call('HSET', task, 'waiting', why, 'v', '')
       publish_view(task, channel, KEYS[2])
@@ -189,8 +186,8 @@ local function claim_one(task, lease_key, hist, lane, entry_id, run_id, source, 
 end
 
 local out = {}
-for i = 1, (#KEYS - 6) / 3 do
-  local k, j = 4 + 3 * i, 6 + 8 * (i - 1)
+for i = 1, (#KEYS - 8) / 3 do
+  local k, j = 6 + 3 * i, 4 + 8 * (i - 1)
   out[i] = claim_one(KEYS[k], KEYS[k + 1], KEYS[k + 2], ARGV[j + 1], ARGV[j + 2], ARGV[j + 3], ARGV[j + 4],
     ARGV[j + 5], ARGV[j + 6], ARGV[j + 7], ARGV[j + 8])
 end

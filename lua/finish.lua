@@ -1,52 +1,54 @@
 -- finish: end an attempt, fenced. Releases the lease, acknowledges the
 -- request entry and records the result in one script, so a key is never left
 -- blocked by a lease, record or entry without the others.
--- KEYS[1] task record   KEYS[2] lease   KEYS[3] bulk request stream
--- KEYS[4] people request stream   KEYS[5] history   KEYS[6] partition index
--- KEYS[7] partition retry queue
--- KEYS[8] partition watch key (views are published only while it exists)
--- KEYS[9], KEYS[10] (only when tracing is on) the key's follow-up trace
+-- KEYS[1] task record   KEYS[2] lease   KEYS[3] history   KEYS[4] partition index
+-- KEYS[5] partition retry queue
+-- KEYS[6] partition watch key (views are published only while it exists)
+-- KEYS[7..10] the partition's queue keys (lib.lua queue_at)
+-- KEYS[11], KEYS[12] (only when tracing is on) the key's follow-up trace
 --          links (requests merged into its next run, see submit.lua) and
 --          the links of the follow-up run ARGV[12]: a follow-up started here
 --          takes the first as the second
 -- ARGV[1] owner   ARGV[2] token   ARGV[3] runId
 -- ARGV[4] result: done | failed | cancelled | retry | handback
 -- ARGV[5] stage completed by this call ("" if none)   ARGV[6] error text
--- ARGV[7] retry delay (ms)   ARGV[8] group   ARGV[9] history cap
+-- ARGV[7] retry delay (ms)   ARGV[8] reclaim idle (ms): entries read here
+--          become reclaimable that long from now   ARGV[9] history cap
 -- ARGV[10] events channel   ARGV[11] retention (ms)   ARGV[12] follow-up run id
 -- ARGV[13] the job's stages here (comma list) and ARGV[14] its maxAttempts:
 --          the definition a follow-up run takes
 -- A retry of a run whose cancel flag is set (a cancel or replace that landed
 -- while this attempt was failing) ends it as cancelled at once instead of
 -- waiting out the backoff.
--- ARGV[15] entries to read for the slot this attempt frees (0 or more), from
---          this partition's streams, ARGV[16] first ('p' people first, 'b'
+-- ARGV[15] entries to take for the slot this attempt frees (0 or more), from
+--          this partition's lanes, ARGV[16] first ('p' people first, 'b'
 --          bulk first): see read_lanes
--- ARGV[17] task key   ARGV[18] the run's request entry id   ARGV[19] its lane
---          ('p' or 'b'): what the holder's claim wrote to the record, passed
---          instead of read
+-- ARGV[17] task key   ARGV[18] the run's request entry: what the holder's
+--          claim wrote to the record, passed instead of read
 -- returns {1, status after}   {0, ''} not held   {-1, ''} ARGV[5] is not the
--- current stage — each followed by the entries read (lane, id, fields)
+-- current stage — each followed by the entries taken
 -- Cost of a done run: GET lease, HMGET of 8 fields (a retry or
--- hand-back reads 3 more, a follow-up's start 3 more), TIME, DEL lease, XACK, XDEL, HSET,
+-- hand-back reads 3 more, a follow-up's start 3 more), TIME, DEL lease, ZREM taken, HSET,
 -- RPUSH (the stage and the result events together), ZADD index, PEXPIRE x2,
--- EXISTS watch; the read adds XLEN per lane and XREADGROUP for a lane with
--- entries — instead of a separate read's round trip.
+-- EXISTS watch; the read adds LPOP per lane until it has its entries, ZADD
+-- taken, and LLEN per lane (plus the bell's) when it took all it asked
+-- for — instead of a separate read's round trip.
+local queue = queue_at(KEYS, 7)
+
 local function finish()
-  local task, lease_key, hist = KEYS[1], KEYS[2], KEYS[5]
-  local streams = {b = KEYS[3], p = KEYS[4]}
+  local task, lease_key, hist = KEYS[1], KEYS[2], KEYS[3]
   local owner, token, run_id, result, cap = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[9]
   if redis.call('GET', lease_key) ~= lease_value(token, owner) then return {0, ''} end
   -- the record fields every finish reads (the fence, the completed stage's
   -- check and what finish_terminal clears); the holder's claim wrote the
-  -- rest of what finish_terminal needs (entry, lane, owner, key), or
+  -- rest of what finish_terminal needs (entry, owner, key), or
   -- cleared it (nextAttemptAt, waiting). One table constructor: built
   -- field by field it would be resized four times.
   local v = redis.call('HMGET', task, 'runId', 'token', 'stage', 'stages', 'done', 'followUp', 'cancel', 'lastError')
   if v[1] ~= run_id or v[2] ~= token then return {0, ''} end
   local r = {runId = v[1], token = v[2], stage = v[3] or nil, stages = v[4] or nil, done = v[5] or nil,
     followUp = v[6] or nil, cancel = v[7] or nil, lastError = v[8] or nil,
-    key = ARGV[17], entry = ARGV[18], lane = ARGV[19], owner = owner, partial = true}
+    key = ARGV[17], entry = ARGV[18], owner = owner, partial = true}
   local now = now_ms()
   local before = nil -- the completed stage's event, appended with the result's
   local upd = nil    -- the completed stage's checkpoint fields, written with the result's
@@ -73,45 +75,42 @@ local function finish()
     result = 'failed'
   end
 
-  local stream = streams[r.lane] or streams.b
   if result == 'retry' then
     local due = now + tonumber(ARGV[7])
-    ack_entry(stream, ARGV[8], r.entry)
+    ack_entry(queue, r.entry)
     redis.call('HSET', task, unpack(with_fields({'status', 'retrying', 'nextAttemptAt', due, 'lastError', ARGV[6],
       'entry', '', 'updatedAt', now, 'v', ''}, upd)))
-    redis.call('ZADD', KEYS[7], due, run_id .. ' ' .. r.key)
+    redis.call('ZADD', KEYS[5], due, run_id .. ' ' .. r.key)
     hist_push_after(hist, cap, before, hist_err(now, 'retry-scheduled', run_id, r.stage,
       'attempt ' .. attempt .. ' of ' .. max_attempts, owner, token, ARGV[6]))
   elseif result == 'handback' then
     -- Graceful shutdown: keep the checkpoint, give the attempt back and
     -- re-queue at once so another runner resumes without waiting for the TTL.
-    ack_entry(stream, ARGV[8], r.entry)
+    ack_entry(queue, r.entry)
     local srcs = r.sources
     local lane = lane_for(srcs)
     local first = list_at(srcs, 1)
     if first == '' then first = 'manual' end
-    local id = redis.call('XADD', streams[lane], '*', 'key', r.key, 'runId', run_id, 'source', first)
+    local id = enqueue(queue, lane, run_id, r.key, first)
     redis.call('HSET', task, unpack(with_fields({'status', 'queued', 'attempt', attempt - 1, 'entry', id, 'lane', lane,
       'updatedAt', now, 'v', ''}, upd)))
     hist_push_after(hist, cap, before, hist_ev(now, 'handed-back', run_id, '', r.stage, '', owner, token))
   else
-    finish_terminal({task = task, streams = streams, hist = hist, index = KEYS[6], group = ARGV[8], cap = cap,
+    finish_terminal({task = task, q = queue, hist = hist, index = KEYS[4], cap = cap,
       retention = ARGV[11], next_run_id = ARGV[12], stages = ARGV[13],
-      max_attempts = ARGV[14], now = now, extra = upd, links_from = KEYS[9], links_to = KEYS[10]}, result, ARGV[6], r,
+      max_attempts = ARGV[14], now = now, extra = upd, links_from = KEYS[11], links_to = KEYS[12]}, result, ARGV[6], r,
       before)
   end
-  publish_view(task, ARGV[10], KEYS[8])
-  if result == 'retry' then return {1, 'retrying'} end
-  if result == 'handback' then return {1, 'queued'} end
-  if r.followUp == '1' and ARGV[12] ~= '' then return {1, 'queued'} end
-  return {1, result}
+  publish_view(task, ARGV[10], KEYS[6])
+  if result == 'retry' then return {1, 'retrying'}, now end
+  if result == 'handback' then return {1, 'queued'}, now end
+  if r.followUp == '1' and ARGV[12] ~= '' then return {1, 'queued'}, now end
+  return {1, result}, now
 end
 
-local out = finish()
+local out, now = finish()
 local n = tonumber(ARGV[15]) or 0
 if n > 0 then
-  local first, second = KEYS[4], KEYS[3]
-  if ARGV[16] == 'b' then first, second = KEYS[3], KEYS[4] end
-  read_lanes(out, first, second, ARGV[16] == 'b' and 'b' or 'p', ARGV[16] == 'b' and 'p' or 'b', ARGV[8], ARGV[1], n)
+  read_lanes(out, queue, ARGV[16] == 'b' and 'b' or 'p', n, (now or now_ms()) + tonumber(ARGV[8]))
 end
 return out

@@ -276,19 +276,45 @@ local function cp_begin(task_key, run_id, stages_csv, owner, token, now)
   return done, stage, cursor, attempt
 end
 
--- ack_entry acknowledges and deletes a request stream entry: deleting keeps
--- the stream small without MAXLEN trimming, which could drop pending entries.
-local function ack_entry(stream_key, group, entry_id)
-  if entry_id and entry_id ~= '' then
-    redis.call('XACK', stream_key, group, entry_id)
-    redis.call('XDEL', stream_key, entry_id)
-  end
+-- Request queues. Each partition has two lanes, lists of entries: people's
+-- requests (manual, foreground) go to the people lane, which runners read
+-- first; bulk work (schedule, retry) to the bulk lane. A record's 'lane' is
+-- 'p' or 'b' (absent: bulk). A runner takes entries off a lane into the
+-- partition's taken set (a sorted set scored by when each becomes
+-- reclaimable: a holder's heartbeat moves it on), and the script that ends
+-- the entry's attempt removes it from there. Every move of an entry happens
+-- inside one script, so an entry is always in a lane or in the taken set
+-- until it is acknowledged. The bell is a list holding at most one token,
+-- rung when a lane gets work: idle runners block on it (BLPOP) instead of on
+-- the lanes, which would take an entry outside a script.
+-- An entry is "<lane><runId>US<task key>US<source>": it names the run it
+-- asks for; the claim decides by the record, so a duplicate is harmless.
+-- q = {b = bulk list, p = people list, bell = key, taken = key}, built by
+-- queue_at from the four keys from keys[i] on, in that order
+-- (keyspace.QueueKeys). (keys is the script's KEYS: a Redis Function's
+-- helpers cannot see it.)
+local function queue_at(keys, i)
+  return {b = keys[i], p = keys[i + 1], bell = keys[i + 2], taken = keys[i + 3]}
 end
 
--- Lanes: each partition has two request streams. People's requests
--- (manual, foreground) go to the people lane, which runners read first;
--- bulk work (schedule, retry) to the bulk lane. A record's 'lane' is 'p' or
--- 'b' (absent: bulk, as before lanes existed). streams = {p = key, b = key}.
+-- ring wakes one idle runner of the partition (one token at most).
+local function ring(q)
+  if redis.call('LLEN', q.bell) == 0 then redis.call('RPUSH', q.bell, '1') end
+end
+
+-- enqueue appends a run's entry to its lane; returns the entry.
+local function enqueue(q, lane, run_id, key, source)
+  local e = lane .. run_id .. US .. key .. US .. source
+  if redis.call('RPUSH', q[lane], e) == 1 then ring(q) end
+  return e
+end
+
+-- ack_entry removes a taken entry for good (an entry still in its lane is
+-- acknowledged by the claim that reads it: its run is over by then).
+local function ack_entry(q, entry)
+  if entry and entry ~= '' then redis.call('ZREM', q.taken, entry) end
+end
+
 local function is_person(source) return source == 'manual' or source == 'foreground' end
 
 -- lane_for picks the lane of a run requested by a comma list of sources.
@@ -298,16 +324,16 @@ local function lane_for(sources)
 end
 
 -- new_run creates a queued run on task_key and appends its request to the
--- partition's stream of its lane, in the same script: a run record never
+-- partition's list of its lane, in the same script: a run record never
 -- exists without its request, nor a request without its record (no
 -- orphans). A record that exists keeps 'token', the key's fencing counter,
 -- and folds its coalesced requests into the history first; a new record
 -- writes only the fields that are not empty or implied.
--- r: {task, streams, hist, key, run_id, stages, max_attempts, sources,
+-- r: {task, q, hist, key, run_id, stages, max_attempts, sources,
 --     source, now, exists, co}
 local function new_run(r)
   local lane = lane_for(r.sources)
-  local id = redis.call('XADD', r.streams[lane], '*', 'key', r.key, 'runId', r.run_id, 'source', r.source)
+  local id = enqueue(r.q, lane, r.run_id, r.key, r.source)
   if r.exists then
     co_fold(r.task, r.hist, r.co)
     redis.call('HSET', r.task, 'runId', r.run_id, 'status', 'queued', 'stages', r.stages, 'done', 0,
@@ -371,14 +397,14 @@ local CLAIM_READ = {'runId', 'status', 'cancel', 'attempt', 'maxAttempts', 'toke
 -- A field the caller knows to be empty may be left out (a holder's finish:
 -- nextAttemptAt and waiting are cleared by the claim).
 -- before: an encoded event appended just before the result's (or nil).
--- c: {task, streams, hist, index, group, cap, retention, next_run_id,
+-- c: {task, q, hist, index, cap, retention, next_run_id,
 --     stages, max_attempts, now, extra (more record fields to write, or nil),
 --     links_from and links_to (or nil): the trace links of the requests
 --     queued behind the run become the follow-up's (a new run: nothing
 --     else can have written its links yet)}
 local function finish_terminal(c, result, err, r, before)
   r = r or ft_read(c.task, FT_FIELDS)
-  ack_entry(c.streams[r.lane or 'b'] or c.streams.b, c.group, r.entry)
+  ack_entry(c.q, r.entry)
   err = err or ''
   local fields = {'status', result, 'finishedAt', c.now, 'updatedAt', c.now, 'entry', ''}
   local n = 8
@@ -412,7 +438,7 @@ local function finish_terminal(c, result, err, r, before)
     if first == '' then first = 'manual' end
     local stages, max_attempts = r.stages, r.maxAttempts
     if c.stages and c.stages ~= '' then stages, max_attempts = c.stages, c.max_attempts end
-    new_run({task = c.task, streams = c.streams, hist = c.hist, key = r.key,
+    new_run({task = c.task, q = c.q, hist = c.hist, key = r.key,
       run_id = c.next_run_id, stages = stages, max_attempts = max_attempts, sources = srcs, source = first,
       now = c.now, exists = true, co = r.co})
     hist_push(c.hist, c.cap, hist_ev(c.now, 'requested', c.next_run_id, first, '', 'started'))
@@ -571,7 +597,7 @@ local function submit_one(a, vals)
   local throttled = not active and a.min_interval > 0 and last and (src == 'schedule' or src == 'foreground')
     and now - last < a.min_interval
   if not active and not throttled then
-    new_run({task = task, streams = a.streams, hist = hist, key = a.key, run_id = a.run_id, stages = a.stages, max_attempts = a.max_attempts, sources = src, source = src,
+    new_run({task = task, q = a.q, hist = hist, key = a.key, run_id = a.run_id, stages = a.stages, max_attempts = a.max_attempts, sources = src, source = src,
       now = now, exists = status and true or false, co = vals[X + 24]})
     hist_push(hist, a.cap, hist_ev(now, 'requested', a.run_id, src, '', 'started'))
     redis.call('ZADD', a.index, now, a.key)
@@ -616,10 +642,12 @@ local function submit_one(a, vals)
     coalesce('joined', 'joined', vals[1], vals[2])
     -- A person joining a queued bulk run promotes it to the people lane; a
     -- run parked by a paused scope (no entry) is re-queued there on resume.
+    -- The bulk entry stays where it is (removing it from the middle of a
+    -- long list is O(n)): whichever entry is claimed first starts the run,
+    -- and the claim of the other finds the run started or over.
     if is_person(src) and status == 'queued' and r.lane ~= 'p' then
       if r.entry and r.entry ~= '' then
-        ack_entry(a.streams.b, a.group, r.entry)
-        put('entry', redis.call('XADD', a.streams.p, '*', 'key', a.key, 'runId', cur, 'source', src))
+        put('entry', enqueue(a.q, 'p', cur, a.key, src))
       else
         put('plane', 'p')
       end
@@ -656,7 +684,7 @@ local function submit_one(a, vals)
       redis.call('HSET', task, unpack(set))
       set = {}
       redis.call('ZREM', a.retry, cur .. ' ' .. a.key)
-      finish_terminal({task = task, streams = a.streams, hist = hist, index = a.index, group = a.group, cap = a.cap,
+      finish_terminal({task = task, q = a.q, hist = hist, index = a.index, cap = a.cap,
         retention = a.retention, next_run_id = a.run_id, stages = a.stages,
         max_attempts = a.max_attempts, now = now, links_from = a.links_next, links_to = a.links_new}, 'cancelled', 'replaced')
       r = nil -- rewritten: the caller reads the view again
@@ -671,26 +699,29 @@ local function submit_one(a, vals)
   return outcome, '\30' .. view_reply(r)
 end
 
--- read_lanes reads up to n new entries for consumer from the preferred
--- lane's stream first and from the other only for what is left, appending
--- lane letter, entry id and the entry's field list per entry to out.
-local function read_lanes(out, first, second, first_letter, second_letter, group, consumer, n)
+-- read_lanes takes up to n entries of a partition, from lane `first` ('p'
+-- or 'b') and from the other only for what is left, into the taken set
+-- with score `due` (when they become reclaimable, ms), appending them to
+-- out. When it took all it could and work is left, it rings the bell so
+-- another idle runner takes the rest.
+local function read_lanes(out, q, first, n, due)
   local want = n
-  local streams, letters = {first, second}, {first_letter, second_letter}
-  for i = 1, 2 do
+  local lane = first
+  for _ = 1, 2 do
     if want <= 0 then break end
-    -- XLEN is O(1); reading an empty lane is not (the other lane is often empty)
-    local res = redis.call('XLEN', streams[i]) > 0 and
-      redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', want, 'STREAMS', streams[i], '>')
-    if res then
-      for _, e in ipairs(res[1][2]) do
-        out[#out + 1] = letters[i]
-        out[#out + 1] = e[1]
-        out[#out + 1] = e[2]
-        want = want - 1
+    local got = redis.call('LPOP', q[lane], want)
+    if got then
+      local za = {}
+      for i = 1, #got do
+        za[2 * i - 1], za[2 * i] = due, got[i]
+        out[#out + 1] = got[i]
       end
+      redis.call('ZADD', q.taken, unpack(za))
+      want = want - #got
     end
+    lane = lane == 'p' and 'b' or 'p'
   end
+  if want <= 0 and (redis.call('LLEN', q.p) > 0 or redis.call('LLEN', q.b) > 0) then ring(q) end
   return out
 end
 

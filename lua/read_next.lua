@@ -1,11 +1,10 @@
--- read_next: read up to n new entries of one partition for this consumer,
--- from the preferred lane first and from the other only for what is left,
--- so a runner's free slots go to people's requests before bulk work.
--- (Blocking reads cannot run in a script; the runner's idle read is an
--- XREADGROUP BLOCK over both lanes.)
--- KEYS[1] preferred lane's stream   KEYS[2] the other lane's stream
--- ARGV[1] group   ARGV[2] consumer   ARGV[3] n
--- ARGV[4] lane letter of KEYS[1]   ARGV[5] lane letter of KEYS[2]
--- returns a flat list: lane letter, entry id, then the entry's fields as
--- one list {name, value, ...}, per entry
-return read_lanes({}, KEYS[1], KEYS[2], ARGV[4], ARGV[5], ARGV[1], ARGV[2], tonumber(ARGV[3]))
+-- read_next: take up to n entries of one partition, from the preferred lane
+-- first and from the other only for what is left, so a runner's free slots
+-- go to people's requests before bulk work (lib.lua read_lanes).
+-- (Blocking pops cannot run in a script; an idle runner blocks on the
+-- partition's bell, then calls this.)
+-- KEYS[1..4] the partition's queue keys (lib.lua queue_at)
+-- ARGV[1] n   ARGV[2] the preferred lane's letter ('p' or 'b')
+-- ARGV[3] reclaim idle (ms): the entries become reclaimable that long from now
+-- returns the entries taken, in order
+return read_lanes({}, queue_at(KEYS, 1), ARGV[2], tonumber(ARGV[1]), now_ms() + tonumber(ARGV[3]))

@@ -8,17 +8,17 @@
 -- with no members if there are none: after that call nothing is parked for
 -- the scope any more.
 -- KEYS[1] partition's paused scopes (set)   KEYS[2] partition's parked runs
--- KEYS[3] bulk request stream   KEYS[4] people request stream
--- KEYS[5] partition watch key (views are published only while it exists)
--- KEYS[5+i] task record of parked member i
+-- KEYS[3..6] the partition's queue keys (lib.lua queue_at)
+-- KEYS[7] partition watch key (views are published only while it exists)
+-- KEYS[7+i] task record of parked member i
 -- ARGV[1] scope   ARGV[2] events channel   ARGV[2+i] parked member i ("<scope> <subject>")
 -- returns the number of runs re-queued
--- Cost per re-queued run: ZREM, HMGET, XADD, HSET, EXISTS watch.
+-- Cost per re-queued run: ZREM, HMGET, RPUSH, HSET, EXISTS watch.
 redis.call('SREM', KEYS[1], ARGV[1])
-local streams = {b = KEYS[3], p = KEYS[4]}
+local queue = queue_at(KEYS, 3)
 local requeued = 0
-for i = 6, #KEYS do
-  local task, member = KEYS[i], ARGV[i - 3]
+for i = 8, #KEYS do
+  local task, member = KEYS[i], ARGV[i - 5]
   redis.call('ZREM', KEYS[2], member)
   local rec = redis.call('HMGET', task, 'key', 'runId', 'status', 'entry', 'psrc', 'plane', 'prun')
   local status = rec[3]
@@ -26,9 +26,9 @@ for i = 6, #KEYS do
   if (status == 'queued' or status == 'running' or status == 'retrying') and (rec[4] or '') == ''
       and rec[7] == rec[2] then
     local lane = rec[6] == 'p' and 'p' or 'b'
-    local id = redis.call('XADD', streams[lane], '*', 'key', rec[1], 'runId', rec[2], 'source', rec[5] or 'retry')
+    local id = enqueue(queue, lane, rec[2], rec[1], rec[5] or 'retry')
     redis.call('HSET', task, 'entry', id, 'waiting', '', 'v', '')
-    publish_view(task, ARGV[2], KEYS[5])
+    publish_view(task, ARGV[2], KEYS[7])
     requeued = requeued + 1
   end
 end

@@ -1,13 +1,14 @@
--- retry_move: move due retries back into the request stream with source
+-- retry_move: move due retries back into the bulk lane with source
 -- "retry". Atomic, so whichever runner gets there first moves each once.
 -- KEYS[1] partition retry queue (members "<runId> <task key>")
--- KEYS[2] partition request stream
+-- KEYS[2..5] the partition's queue keys (lib.lua queue_at)
 -- ARGV[1] max entries to move
 -- returns the number moved
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now_ms(), 'LIMIT', 0, tonumber(ARGV[1]))
+local q = queue_at(KEYS, 2)
 for _, member in ipairs(due) do
   local sp = string.find(member, ' ', 1, true)
-  redis.call('XADD', KEYS[2], '*', 'key', string.sub(member, sp + 1), 'runId', string.sub(member, 1, sp - 1), 'source', 'retry')
+  enqueue(q, 'b', string.sub(member, 1, sp - 1), string.sub(member, sp + 1), 'retry')
   redis.call('ZREM', KEYS[1], member)
 end
 return #due

@@ -3,22 +3,22 @@
 -- together, and on a single Redis (not Cluster) the requests of several
 -- partitions share one call, so the fixed cost of a script call is paid
 -- once per batch. If a key has no active run a queued run is created and
--- its request appended to the partition stream of its lane; otherwise the
+-- its request appended to the partition's list of its lane; otherwise the
 -- conflict policy decides: join, skip, queue (one coalesced follow-up) or
 -- replace.
--- KEYS, per partition block q (1..np), KEYS[5q-4 .. 5q]: bulk request
---   stream, index, retry queue, watch key (views are published only while
---   it exists), people request stream
--- then per request i (1..n), with b = 5np and kr = 3 (5 when traced):
+-- KEYS, per partition block q (1..np), KEYS[7q-6 .. 7q]: the partition's
+--   queue keys (bulk list, people list, bell, taken: lib.lua queue_at),
+--   index, retry queue, watch key (views are published only while it exists)
+-- then per request i (1..n), with b = 7np and kr = 3 (5 when traced):
 --   KEYS[b+kr(i-1)+1] task record   KEYS[b+kr(i-1)+2] history
 --   KEYS[b+kr(i-1)+3] subjects of the request's scope (zset)
 --   traced: KEYS[b+kr(i-1)+4] the key's follow-up trace links (the trace
 --   contexts of requests merged into its next run)   KEYS[b+kr(i-1)+5] the
 --   trace links of the run this request would start
--- ARGV[1] history cap   ARGV[2] group   ARGV[3] retention (ms)   ARGV[4] np
--- ARGV[5] '1' when traced (tracing on: the per-request layout above), else '0'
--- per partition block q: ARGV[4+2q] events channel   ARGV[5+2q] cancel channel
--- per request i, ARGV[j+1 .. j+ar] with j = 5 + 2np + ar(i-1), ar = 9 (10
+-- ARGV[1] history cap   ARGV[2] retention (ms)   ARGV[3] np
+-- ARGV[4] '1' when traced (tracing on: the per-request layout above), else '0'
+-- per partition block q: ARGV[3+2q] events channel   ARGV[4+2q] cancel channel
+-- per request i, ARGV[j+1 .. j+ar] with j = 4 + 2np + ar(i-1), ar = 9 (10
 --   when traced): partition block q, task key, subject, source, policy, new
 --   run id, stages (comma list), maxAttempts, minInterval (ms, 0 = none),
 --   traced: the request's W3C traceparent ('' for none)
@@ -35,18 +35,18 @@
 -- counter (the view comes from the record's cache, see submit_fast; plus
 -- TIME once per call); a new run is that HMGET, XADD, HSET, RPUSH, ZADD
 -- index (and the subjects ZADD for requests that are not schedule), EXISTS
--- watch.
+-- watch; ringing the bell (LLEN, RPUSH) when the lane was empty.
 local now = now_ms()
-local np = tonumber(ARGV[4])
-local traced = ARGV[5] == '1'
+local np = tonumber(ARGV[3])
+local traced = ARGV[4] == '1'
 local kr, ar = 3, 9
 if traced then kr, ar = 5, 10 end
-local base_k, base_a = 5 * np, 5 + 2 * np
+local base_k, base_a = 7 * np, 4 + 2 * np
 local blocks = {}
 local out = {}
 -- submit_one's arguments: one table for the call, its per-request fields
 -- rewritten (a table per request cost more than the rest of a new run's Lua)
-local a = {cap = ARGV[1], group = ARGV[2], retention = ARGV[3], occ_field = '', occ = '', now = now}
+local a = {cap = ARGV[1], retention = ARGV[2], occ_field = '', occ = '', now = now}
 for i = 1, (#KEYS - base_k) / kr do
   local k, j = base_k + kr * (i - 1) + 1, base_a + ar * (i - 1)
   local task, source, policy = KEYS[k], ARGV[j + 4], ARGV[j + 5]
@@ -55,17 +55,17 @@ for i = 1, (#KEYS - base_k) / kr do
     local vals = nil -- submit_one reads the record
     if view == false then vals = {} end -- no record
     local q = tonumber(ARGV[j + 1])
-    local pk = 5 * q - 4
-    local streams = blocks[q]
-    if not streams then
-      streams = {b = KEYS[pk], p = KEYS[pk + 4]}
-      blocks[q] = streams
+    local pk = 7 * q - 6
+    local queue = blocks[q]
+    if not queue then
+      queue = queue_at(KEYS, pk)
+      blocks[q] = queue
     end
-    a.task, a.hist, a.streams, a.index, a.subjects, a.retry, a.watch = task, KEYS[k + 1], streams, KEYS[pk + 1],
-      KEYS[k + 2], KEYS[pk + 2], KEYS[pk + 3]
+    a.task, a.hist, a.q, a.index, a.subjects, a.retry, a.watch = task, KEYS[k + 1], queue, KEYS[pk + 4],
+      KEYS[k + 2], KEYS[pk + 5], KEYS[pk + 6]
     a.key, a.subject, a.source, a.policy, a.run_id = ARGV[j + 2], ARGV[j + 3], source, policy, ARGV[j + 6]
     a.stages, a.max_attempts, a.min_interval = ARGV[j + 7], ARGV[j + 8], tonumber(ARGV[j + 9])
-    a.events, a.cancels = ARGV[4 + 2 * q], ARGV[5 + 2 * q]
+    a.events, a.cancels = ARGV[3 + 2 * q], ARGV[4 + 2 * q]
     if traced then a.links_next, a.links_new, a.tp = KEYS[k + 3], KEYS[k + 4], ARGV[j + 10] end
     outcome, view = submit_one(a, vals)
   end

@@ -5,37 +5,36 @@
 -- seconds) and a repeat of it — or of an older one — is answered
 -- "duplicate" and writes nothing,
 -- so a fan-out resumed after a crash gives every subject exactly one request.
--- KEYS[1] partition bulk request stream   KEYS[2] partition index
--- KEYS[3] partition subjects of the scope (zset)   KEYS[4] partition retry queue
--- KEYS[5] partition watch key   KEYS[6] partition people request stream
--- KEYS[5+2i] task record of subject i   KEYS[6+2i] its history   (i = 1..n)
+-- KEYS[1..4] the partition's queue keys (lib.lua queue_at)
+-- KEYS[5] partition index   KEYS[6] partition subjects of the scope (zset)
+-- KEYS[7] partition retry queue   KEYS[8] partition watch key
+-- KEYS[7+2i] task record of subject i   KEYS[8+2i] its history   (i = 1..n)
 -- ARGV[1] scope   ARGV[2] source   ARGV[3] policy   ARGV[4] stages (comma list)
 -- ARGV[5] maxAttempts   ARGV[6] minInterval (ms)   ARGV[7] history cap
--- ARGV[8] events channel   ARGV[9] cancel channel   ARGV[10] group
--- ARGV[11] retention (ms)   ARGV[12] occurrence field ('' for none)
--- ARGV[13] occurrence value
--- ARGV[12+2i] subject i   ARGV[13+2i] new run id for subject i
+-- ARGV[8] events channel   ARGV[9] cancel channel
+-- ARGV[10] retention (ms)   ARGV[11] occurrence field ('' for none)
+-- ARGV[12] occurrence value
+-- ARGV[11+2i] subject i   ARGV[12+2i] new run id for subject i
 -- returns the outcomes, one per subject, in order
 local now = now_ms()
 local out = {}
-local n = (#KEYS - 6) / 2
-local streams = {b = KEYS[1], p = KEYS[6]}
+local n = (#KEYS - 8) / 2
 -- submit_one's arguments, one table for the batch (see submit.lua)
-local a = {streams = streams, index = KEYS[2], subjects = KEYS[3], retry = KEYS[4], watch = KEYS[5],
+local a = {q = queue_at(KEYS, 1), index = KEYS[5], subjects = KEYS[6], retry = KEYS[7], watch = KEYS[8],
   source = ARGV[2], policy = ARGV[3], stages = ARGV[4], max_attempts = ARGV[5], min_interval = tonumber(ARGV[6]),
-  cap = ARGV[7], events = ARGV[8], cancels = ARGV[9], group = ARGV[10], retention = ARGV[11],
-  occ_field = ARGV[12], occ = ARGV[13], now = now}
+  cap = ARGV[7], events = ARGV[8], cancels = ARGV[9], retention = ARGV[10],
+  occ_field = ARGV[11], occ = ARGV[12], now = now}
 for i = 1, n do
-  local subject = ARGV[12 + 2 * i]
+  local subject = ARGV[11 + 2 * i]
   local vals = nil
-  if ARGV[12] == '' then -- without an occurrence a repeat can take the fast path
-    local outcome, exists = submit_fast(KEYS[5 + 2 * i], ARGV[2], ARGV[3], now, false)
+  if ARGV[11] == '' then -- without an occurrence a repeat can take the fast path
+    local outcome, exists = submit_fast(KEYS[7 + 2 * i], ARGV[2], ARGV[3], now, false)
     out[i] = outcome
     if exists == false then vals = {} end
   end
   if not out[i] then
-    a.task, a.hist, a.key, a.subject, a.run_id = KEYS[5 + 2 * i], KEYS[6 + 2 * i], subject .. '|' .. ARGV[1],
-      subject, ARGV[13 + 2 * i]
+    a.task, a.hist, a.key, a.subject, a.run_id = KEYS[7 + 2 * i], KEYS[8 + 2 * i], subject .. '|' .. ARGV[1],
+      subject, ARGV[12 + 2 * i]
     out[i] = submit_one(a, vals)
   end
 end

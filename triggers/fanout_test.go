@@ -142,7 +142,7 @@ func kindOf(cmd redis.Cmder) string {
 		return "scan"
 	case name == "evalsha" && len(a) > 3 && fmt.Sprint(a[1]) == progressScript.Hash():
 		return "progress"
-	case (name == "evalsha" || name == "fcall") && len(a) > 3 && strings.HasSuffix(fmt.Sprint(a[3]), ":requests"):
+	case (name == "evalsha" || name == "fcall") && len(a) > 3 && strings.HasSuffix(fmt.Sprint(a[3]), ":q:b"):
 		return "submit"
 	}
 	return ""

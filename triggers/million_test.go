@@ -40,7 +40,7 @@ import (
 // process's peak Go heap and peak RSS during the fan-out, and Redis memory,
 // and checks that every subject got exactly one request: its record
 // remembers the occurrence and its history holds exactly one event, and
-// the request streams hold exactly one entry per subject.
+// the bulk lanes hold exactly one entry per subject.
 func TestFanOutMillion(t *testing.T) {
 	if os.Getenv("TASKLEASE_FANOUT_1M") != "1" {
 		t.Skip("the million-subject measurement runs with TASKLEASE_FANOUT_1M=1")
@@ -133,10 +133,10 @@ func TestFanOutMillion(t *testing.T) {
 		"rss_before_mib": float64(baseRSS) / 1024, "rss_peak_mib": float64(peakRSS) / 1024, "vm_hwm_mib": float64(hwm) / 1024,
 		"redis_used_memory": info["used_memory_human"], "redis_used_memory_peak": info["used_memory_peak_human"],
 		"redis_bytes_task_record": usage(ks.Task(k0)), "redis_bytes_history": usage(ks.History(k0)),
-		"redis_bytes_request_stream_per_subject": usage(ks.Requests(p0)) / max(1, rdb.XLen(ctx, ks.Requests(p0)).Val()),
-		"redis_bytes_index_per_subject":          usage(ks.Index(p0)) / max(1, rdb.ZCard(ctx, ks.Index(p0)).Val()),
-		"redis_bytes_subject_set_per_subject":    usage(ks.Subjects(p0, scope)) / max(1, rdb.ZCard(ctx, ks.Subjects(p0, scope)).Val()),
-		"redis_version":                          info["redis_version"], "go": runtime.Version(), "gomaxprocs": runtime.GOMAXPROCS(0),
+		"redis_bytes_request_queue_per_subject": usage(ks.Queue(p0, keyspace.LaneBulk)) / max(1, rdb.LLen(ctx, ks.Queue(p0, keyspace.LaneBulk)).Val()),
+		"redis_bytes_index_per_subject":         usage(ks.Index(p0)) / max(1, rdb.ZCard(ctx, ks.Index(p0)).Val()),
+		"redis_bytes_subject_set_per_subject":   usage(ks.Subjects(p0, scope)) / max(1, rdb.ZCard(ctx, ks.Subjects(p0, scope)).Val()),
+		"redis_version":                         info["redis_version"], "go": runtime.Version(), "gomaxprocs": runtime.GOMAXPROCS(0),
 	}
 	js, _ := json.MarshalIndent(res, "", "  ")
 	t.Logf("fan-out figures:\n%s", js)
@@ -153,10 +153,10 @@ func TestFanOutMillion(t *testing.T) {
 	checkStart := time.Now()
 	var entries int64
 	for p := range partitions {
-		entries += rdb.XLen(ctx, ks.Requests(p)).Val()
+		entries += rdb.LLen(ctx, ks.Queue(p, keyspace.LaneBulk)).Val()
 	}
 	if entries != int64(n) {
-		t.Errorf("request streams hold %d entries; want %d (one new run per subject)", entries, n)
+		t.Errorf("bulk lanes hold %d entries; want %d (one new run per subject)", entries, n)
 	}
 	want := strconv.FormatInt(occ.Unix(), 10)
 	bad := 0

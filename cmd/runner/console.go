@@ -48,7 +48,7 @@ func (c *client) console(ctx context.Context, cmd string, pos []string, print fu
 					s.Counts[jobs.StatusDone], s.Counts[jobs.StatusFailed], s.Counts[jobs.StatusCancelled],
 					s.LastHour.Done, s.LastHour.Failed, strings.Join(s.Stages, " → "))
 			}
-			fmt.Fprintf(tw, "queue: %d in the streams, %d waiting to retry\n", ov.Queue.Stream, ov.Queue.Retry)
+			fmt.Fprintf(tw, "queue: %d queued or taken, %d waiting to retry\n", ov.Queue.Stream, ov.Queue.Retry)
 		})
 	case "pause", "resume":
 		var out struct {

@@ -87,13 +87,13 @@ type Redis struct {
 	Prefix string `yaml:"prefix"`
 	// PoolSize of the connection pool per node (default max(10 ×
 	// GOMAXPROCS, concurrency + partitions + 16)): every partition holds a
-	// connection in a blocking stream read.
+	// connection in a blocking wait on its bell.
 	PoolSize int `yaml:"poolSize"`
 	// DialTimeout and ReadTimeout of every connection (default: go-redis's
 	// 5s and 3s; writes use ReadTimeout). They bound how long a call to a
 	// master that hangs (not dies) waits before it counts as failed, and so
 	// how soon a Cluster or Sentinel failover is followed: README,
-	// Operations. Blocking stream reads add their block time.
+	// Operations. Blocking waits on a partition's bell add their block time.
 	DialTimeout Duration `yaml:"dialTimeout"`
 	ReadTimeout Duration `yaml:"readTimeout"`
 }

@@ -27,16 +27,15 @@ func withLibrary(t *testing.T) (*redis.Client, *groupcommit.Client, *pipeHook, *
 	return rdb, gc, h, lib
 }
 
-// heartbeatArgs: a heartbeat of a lease nobody holds — any script of the
-// library answering deterministically will do.
+// heartbeat: a script of the library answering deterministically (any
+// will do): read_next on an empty queue, an empty reply whichever way it ran.
 func heartbeat(t *testing.T) (*redis.Script, []string, []any) {
 	t.Helper()
 	s, err := lua.Script("read_next")
 	if err != nil {
 		t.Fatal(err)
 	}
-	// read_next on two empty streams: an empty reply, whichever way it ran.
-	return s, []string{"{t}:a", "{t}:b"}, []any{"g", "c", 1, "p", "b"}
+	return s, []string{"{t}:b", "{t}:p", "{t}:bell", "{t}:taken"}, []any{1, "p", 1000}
 }
 
 // On Redis 7 script calls go out as FCALL of the loaded library, and a

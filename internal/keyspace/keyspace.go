@@ -3,7 +3,7 @@
 // All keys of one task live under the hash tag of its partition,
 // "{<prefix>:p<N>}", with N = crc32(taskKey) % partitions (DESIGN §2.7). A
 // Lua script only ever touches keys of one partition, so every script is
-// Redis Cluster safe, and the partition's request stream, retry queue and
+// Redis Cluster safe, and the partition's request queues, retry queue and
 // index share the slot of the tasks they reference.
 package keyspace
 
@@ -22,7 +22,7 @@ const (
 	PrefixDefault     = "tasklease"
 	PartitionsDefault = 16
 	// PartitionsMax bounds the number of partitions; every runner reads every
-	// partition's stream, so thousands would only add idle reads.
+	// partition's queues, so thousands would only add idle reads.
 	PartitionsMax = 1024
 )
 
@@ -39,6 +39,7 @@ type Space struct {
 	tags       []string
 	// per partition, the names built once (they are on every script call)
 	requests, people, retry, index, events, cancels, watch []string
+	queues                                                 [][]string // QueueKeys
 }
 
 // New validates prefix and partitions; empty prefix and zero partitions take
@@ -62,11 +63,14 @@ func New(prefix string, partitions int) (*Space, error) {
 	for list := range names {
 		*list = make([]string, partitions)
 	}
+	s.queues = make([][]string, partitions)
 	for p := range s.tags {
 		s.tags[p] = "{" + prefix + ":p" + strconv.Itoa(p) + "}"
 		for list, suffix := range names {
 			(*list)[p] = s.tags[p] + suffix
 		}
+		t := s.tags[p]
+		s.queues[p] = []string{t + ":q:b", t + ":q:p", t + ":bell", t + ":taken"}
 	}
 	return s, nil
 }
@@ -118,7 +122,7 @@ func (s *Space) History(k taskkey.Key) string { return s.taskKey("history", k) }
 // history (a stream); read only while such a key still exists.
 func (s *Space) LegacyHistory(k taskkey.Key) string { return s.taskKey("hist", k) }
 
-// Lane is a request stream of a partition. Requests from people (manual,
+// Lane is a request queue of a partition. Requests from people (manual,
 // foreground) go to the people lane, which runners read first; bulk work
 // (schedule, retry) to the bulk lane.
 type Lane int
@@ -132,7 +136,7 @@ const (
 // Lanes returns the lanes in the order runners prefer them.
 func Lanes() [2]Lane { return [2]Lane{LanePeople, LaneBulk} }
 
-// Letter is the lane's name in run records and scripts ("p" or "b").
+// Letter is the lane's name in run records, entries and scripts ("p" or "b").
 func (l Lane) Letter() string {
 	if l == LanePeople {
 		return "p"
@@ -140,20 +144,37 @@ func (l Lane) Letter() string {
 	return "b"
 }
 
-// Requests is partition p's bulk request stream, read by a consumer group
-// (the name predates lanes, so queued entries of older deployments stay in
-// the bulk lane).
-func (s *Space) Requests(p int) string { return s.requests[p] }
+// QueueKeys are partition p's request queue keys, in the order every script
+// takes them (lib.lua queue_at): the bulk lane's list, the people lane's
+// list, the bell (a list holding at most one token, rung when a lane gets
+// work: idle runners block on it) and the taken set (a sorted set of the
+// entries runners took from the lanes, scored by the Redis time in ms at
+// which they become reclaimable). The slice is shared: do not modify it.
+func (s *Space) QueueKeys(p int) []string { return s.queues[p] }
 
-// PeopleRequests is partition p's people request stream.
-func (s *Space) PeopleRequests(p int) string { return s.people[p] }
-
-// Stream returns lane l's request stream of partition p.
-func (s *Space) Stream(p int, l Lane) string {
+// Queue is lane l's request list of partition p.
+func (s *Space) Queue(p int, l Lane) string {
 	if l == LanePeople {
-		return s.PeopleRequests(p)
+		return s.queues[p][1]
 	}
-	return s.Requests(p)
+	return s.queues[p][0]
+}
+
+// Bell is partition p's wake-up list (see QueueKeys).
+func (s *Space) Bell(p int) string { return s.queues[p][2] }
+
+// Taken is partition p's sorted set of taken entries (see QueueKeys).
+func (s *Space) Taken(p int) string { return s.queues[p][3] }
+
+// LegacyStream is lane l's request stream of partition p, where versions
+// before request lists queued requests (read by consumer group
+// LegacyGroup). Runners of this version only drain it into the lists, so
+// requests of older runners in a rolling deploy are still served.
+func (s *Space) LegacyStream(p int, l Lane) string {
+	if l == LanePeople {
+		return s.people[p]
+	}
+	return s.requests[p]
 }
 
 // Retry is partition p's retry queue: a sorted set of task keys by due time.
@@ -205,8 +226,8 @@ func (s *Space) FollowUpLinks(k taskkey.Key) string {
 // Events is partition p's pub/sub channel of TaskView changes.
 func (s *Space) Events(p int) string { return s.events[p] }
 
-// Group is the consumer group name on every request stream.
-const Group = "runners"
+// LegacyGroup is the consumer group of the legacy request streams.
+const LegacyGroup = "runners"
 
 // Cancels is partition p's pub/sub channel of cancel requests (task keys),
 // so a holder stops at once instead of at its next heartbeat.

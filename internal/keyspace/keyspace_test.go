@@ -135,7 +135,9 @@ func TestKeysShareTag(t *testing.T) {
 			}
 		}
 		// Partition-wide keys share the tag of the partition's tasks.
-		for _, key := range []string{s.Requests(p), s.Retry(p), s.Index(p), s.Subjects(p, "message_sync"), s.Events(p)} {
+		partKeys := append([]string{s.Retry(p), s.Index(p), s.Subjects(p, "message_sync"), s.Events(p),
+			s.LegacyStream(p, keyspace.LaneBulk), s.LegacyStream(p, keyspace.LanePeople)}, s.QueueKeys(p)...)
+		for _, key := range partKeys {
 			if !strings.HasPrefix(key, tag+":") {
 				t.Fatalf("partition key %q lacks tag %q", key, tag)
 			}
@@ -143,7 +145,8 @@ func TestKeysShareTag(t *testing.T) {
 	}
 	// Distinct per-partition names.
 	p := 0
-	names := []string{s.Requests(p), s.Retry(p), s.Index(p), s.Subjects(p, "a"), s.Subjects(p, "b"), s.Events(p)}
+	names := append([]string{s.Retry(p), s.Index(p), s.Subjects(p, "a"), s.Subjects(p, "b"), s.Events(p),
+		s.LegacyStream(p, keyspace.LaneBulk), s.LegacyStream(p, keyspace.LanePeople)}, s.QueueKeys(p)...)
 	uniq := map[string]bool{}
 	for _, n := range names {
 		uniq[n] = true

@@ -1,0 +1,81 @@
+-- reclaim: take up to n entries of a partition whose time in the taken set
+-- is up — their holder stopped heartbeating, or a claim left them for later
+-- (busy, foreign, handed back) — scoring them a reclaim idle time ahead, so
+-- the pass of another runner does not take them too. The claim that
+-- follows re-examines each against the record and the lease. Entries come
+-- in the order they became due: one rescored at once (foreign) goes behind
+-- every entry due before it, so none holds the others back.
+-- With ARGV[5] = '1' it first drains the legacy request streams of the
+-- partition (versions before request lists) into the lanes: entries no
+-- runner of an older version read yet, and pending ones idle past the
+-- reclaim idle time (their older holder died); a drained stream with
+-- nothing pending is deleted, group and all. So the requests of older
+-- runners in a rolling deploy are served by this version, and a fresh
+-- install never has a stream.
+-- KEYS[1..4] the partition's queue keys (lib.lua queue_at)
+-- KEYS[5] legacy bulk request stream   KEYS[6] legacy people request stream
+-- ARGV[1] n   ARGV[2] reclaim idle (ms)   ARGV[3] legacy consumer group
+-- ARGV[4] consumer name for drained entries   ARGV[5] '1': drain the legacy streams
+-- returns the entries taken
+-- Cost: ZRANGEBYSCORE, TIME, ZADD for what it takes; the drain two EXISTS
+-- while no legacy stream is left.
+local q = queue_at(KEYS, 1)
+local now = now_ms()
+local idle = tonumber(ARGV[2])
+
+-- move_legacy queues one legacy stream message {id, {field, value, ...}}
+-- on lane, if it is tasklease's.
+local function move_legacy(lane, msg)
+  local f = {}
+  local kv = msg[2] or {}
+  for i = 1, #kv, 2 do f[kv[i]] = kv[i + 1] end
+  if f.key and f.runId then enqueue(q, lane, f.runId, f.key, f.source or 'retry') end
+end
+
+local function drain(stream, lane, n)
+  if redis.call('EXISTS', stream) == 0 then return end
+  local group, consumer = ARGV[3], ARGV[4]
+  local pend = redis.pcall('XPENDING', stream, group, 'IDLE', idle, '-', '+', n)
+  if type(pend) == 'table' and pend.err then -- no group: nobody consumed it
+    for _, m in ipairs(redis.call('XRANGE', stream, '-', '+', 'COUNT', n)) do
+      move_legacy(lane, m)
+      redis.call('XDEL', stream, m[1])
+    end
+    if redis.call('XLEN', stream) == 0 then redis.call('DEL', stream) end
+    return
+  end
+  local msgs = {}
+  if #pend > 0 then
+    local ids = {}
+    for i, p in ipairs(pend) do ids[i] = p[1] end
+    msgs = redis.call('XCLAIM', stream, group, consumer, idle, unpack(ids))
+  end
+  local fresh = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', n, 'STREAMS', stream, '>')
+  if fresh then
+    for _, m in ipairs(fresh[1][2]) do msgs[#msgs + 1] = m end
+  end
+  for _, m in ipairs(msgs) do
+    if type(m) == 'table' then
+      move_legacy(lane, m)
+      redis.call('XACK', stream, group, m[1])
+      redis.call('XDEL', stream, m[1])
+    end
+  end
+  if redis.call('XLEN', stream) == 0 and redis.call('XPENDING', stream, group)[1] == 0 then
+    redis.call('DEL', stream)
+  end
+end
+
+if ARGV[5] == '1' then
+  drain(KEYS[5], 'b', tonumber(ARGV[1]))
+  drain(KEYS[6], 'p', tonumber(ARGV[1]))
+end
+
+local due = redis.call('ZRANGEBYSCORE', q.taken, '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+if #due > 0 then
+  local za = {}
+  local until_ms = now + idle
+  for i = 1, #due do za[2 * i - 1], za[2 * i] = until_ms, due[i] end
+  redis.call('ZADD', q.taken, 'XX', unpack(za))
+end
+return due
