@@ -138,35 +138,44 @@ func (r *Runner) decodeClaims(cmd *redis.Cmd, es []entry, sent time.Time) ([]cla
 	}
 	out := make([]claimResult, len(es))
 	for i, v := range res {
-		one, _ := v.([]any)
-		if len(one) == 0 {
-			return nil, fmt.Errorf("claim: unexpected reply %v", v)
-		}
-		c := claimResult{kind: claimKind(replyString(one[0])), sent: sent, ttl: r.leaseTTL(es[i].key.Scope())}
-		switch c.kind {
-		case claimGranted:
-			if len(one) < 9 {
-				return nil, fmt.Errorf("claim: unexpected reply %v", one)
-			}
-			c.token = toInt(one[1])
-			c.done = int(toInt(one[2]))
-			if s := replyString(one[3]); s != "" {
-				c.cursor = []byte(s)
-			}
-			c.attempt = int(toInt(one[4]))
-			c.stages = splitList(replyString(one[5]))
-			for _, s := range splitList(replyString(one[6])) {
-				c.sources = append(c.sources, Source(s))
-			}
-			c.prevStatus = Status(replyString(one[8]))
-		case claimForeign:
-			if len(one) > 1 {
-				c.missing = replyString(one[1])
-			}
+		c, err := r.decodeClaim(v, es[i], sent)
+		if err != nil {
+			return nil, err
 		}
 		out[i] = c
 	}
 	return out, nil
+}
+
+// decodeClaim decodes the claim reply v for entry e (claim.lua's contract).
+func (r *Runner) decodeClaim(v any, e entry, sent time.Time) (claimResult, error) {
+	one, _ := v.([]any)
+	if len(one) == 0 {
+		return claimResult{}, fmt.Errorf("claim: unexpected reply %v", v)
+	}
+	c := claimResult{kind: claimKind(replyString(one[0])), sent: sent, ttl: r.leaseTTL(e.key.Scope())}
+	switch c.kind {
+	case claimGranted:
+		if len(one) < 9 {
+			return claimResult{}, fmt.Errorf("claim: unexpected reply %v", one)
+		}
+		c.token = toInt(one[1])
+		c.done = int(toInt(one[2]))
+		if s := replyString(one[3]); s != "" {
+			c.cursor = []byte(s)
+		}
+		c.attempt = int(toInt(one[4]))
+		c.stages = splitList(replyString(one[5]))
+		for _, s := range splitList(replyString(one[6])) {
+			c.sources = append(c.sources, Source(s))
+		}
+		c.prevStatus = Status(replyString(one[8]))
+	case claimForeign:
+		if len(one) > 1 {
+			c.missing = replyString(one[1])
+		}
+	}
+	return c, nil
 }
 
 func toInt(v any) int64 {

@@ -63,23 +63,35 @@ func (r *Runner) start(lr *localRun, c claimResult) {
 	}()
 }
 
-// claimNext claims the entry a finish read; nil when there is none or it
-// was not granted.
-func (r *Runner) claimNext(es []entry) (*localRun, claimResult) {
-	for i, e := range es {
-		lr := r.newLocalRun(e)
-		claims, err := r.claim(r.workCtx, e.p, es[i:i+1])
-		if err != nil {
-			if r.workCtx.Err() == nil {
-				r.log.Warn("claim failed; the entry will be reclaimed", slog.String("task_key", e.key.String()), slog.Any("error", err))
+// nextEntry is an entry a finish took for the slot it frees, with the
+// finish's own claim of it when the script claimed it (a run of the same
+// job), else nil.
+type nextEntry struct {
+	e     entry
+	claim *claimResult
+}
+
+// claimNext runs the first granted of the entries a finish took: claimed
+// by the finish already, or claimed here; nil when none was granted.
+func (r *Runner) claimNext(next []nextEntry) (*localRun, claimResult) {
+	for _, n := range next {
+		lr := r.newLocalRun(n.e)
+		c := n.claim
+		if c == nil {
+			claims, err := r.claim(r.workCtx, n.e.p, []entry{n.e})
+			if err != nil {
+				if r.workCtx.Err() == nil {
+					r.log.Warn("claim failed; the entry will be reclaimed", slog.String("task_key", n.e.key.String()), slog.Any("error", err))
+				}
+				lr.end()
+				continue
 			}
-			lr.end()
-			continue
+			c = &claims[0]
 		}
-		if claims[0].kind == claimGranted {
-			return lr, claims[0]
+		if c.kind == claimGranted {
+			return lr, *c
 		}
-		r.notGranted(e, claims[0])
+		r.notGranted(n.e, *c)
 		lr.end()
 	}
 	return nil, claimResult{}
@@ -87,8 +99,8 @@ func (r *Runner) claimNext(es []entry) (*localRun, claimResult) {
 
 // execute runs a granted attempt under lr.ctx (cancelled on a registry
 // cancel) and finishes it; with readNext it returns the entries the finish
-// read for this goroutine's slot.
-func (r *Runner) execute(lr *localRun, c claimResult, readNext bool) []entry {
+// took for this goroutine's slot.
+func (r *Runner) execute(lr *localRun, c claimResult, readNext bool) []nextEntry {
 	e, runCtx, cancelRun := lr.e, lr.ctx, lr.cancel
 	k, p, runID, source := e.key, e.p, e.runID, Source(e.source)
 	job := r.reg.jobs[k.Scope()]

@@ -53,6 +53,38 @@ func (r *Runner) decodeEntries(ctx context.Context, p int, res []any) []entry {
 	return out
 }
 
+// decodeNext decodes what a finish took for its slot (finish.lua): entries,
+// each followed by the finish's claim of it when the script claimed it.
+// sent is when the finish was sent: a claimed lease counts from there.
+func (r *Runner) decodeNext(ctx context.Context, p int, res []any, sent time.Time) []nextEntry {
+	var out []nextEntry
+	for i := 0; i < len(res); i++ {
+		e, ok := entryFrom(p, replyString(res[i]))
+		var claimed []any
+		if i+1 < len(res) {
+			claimed, _ = res[i+1].([]any)
+		}
+		if claimed != nil {
+			i++
+		}
+		if !ok {
+			r.dropEntry(ctx, e)
+			continue
+		}
+		n := nextEntry{e: e}
+		if claimed != nil {
+			c, err := r.decodeClaim(claimed, e, sent)
+			if err != nil {
+				r.log.Warn("finish: claim of the next entry unreadable; it will be reclaimed", slog.Any("error", err))
+				continue
+			}
+			n.claim = &c
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
 // dropEntry removes an entry tasklease did not write from the taken set.
 func (r *Runner) dropEntry(ctx context.Context, e entry) {
 	r.reg.rdb.ZRem(ctx, r.reg.ks.Taken(e.p), e.id)

@@ -13,9 +13,10 @@ import (
 
 // finish ends an attempt with finish.lua. With readNext (and unless the
 // runner is stopping) the same script takes the next entry of the
-// partition for the slot this run frees, people's lane first; the caller
-// claims and runs it with the same slot.
-func (r *Runner) finish(job *Job, e entry, lease leasing.Lease, result, completed string, stageErr error, attempt int, readNext bool, log *slog.Logger) []entry {
+// partition for the slot this run frees, people's lane first, and claims it
+// when it is a run of the same job; the caller runs it (or claims it) with
+// the same slot.
+func (r *Runner) finish(job *Job, e entry, lease leasing.Lease, result, completed string, stageErr error, attempt int, readNext bool, log *slog.Logger) []nextEntry {
 	p, runID, entryID := e.p, e.runID, e.id
 	k := lease.Key
 	ks := r.reg.ks
@@ -37,20 +38,29 @@ func (r *Runner) finish(job *Job, e entry, lease leasing.Lease, result, complete
 	ctx, cancel := context.WithTimeout(context.Background(), lease.TTL)
 	defer cancel()
 	followUp := newRunID() // the id of a queued follow-up, if this finish starts one
-	fin := &scriptCall{script: r.reg.scripts.finish,
-		keys: append([]string{ks.Task(k), ks.Lease(k), ks.History(k), ks.Index(p), ks.Retry(p), ks.Watch(p)}, ks.QueueKeys(p)...),
+	nextFollowUp := ""
+	if read > 0 {
+		nextFollowUp = newRunID() // for the claim of the entry taken, if it ends that run
+	}
+	keys := make([]string, 0, 14)
+	keys = append(keys, ks.Task(k), ks.Lease(k), ks.History(k), ks.Index(p), ks.Retry(p), ks.Watch(p))
+	keys = append(keys, ks.QueueKeys(p)...)
+	keys = append(keys, ks.Paused(p), ks.Parked(p))
+	fin := &scriptCall{script: r.reg.scripts.finish, keys: keys,
 		args: []any{lease.Owner, lease.Token, runID, result, completed, errText, delay.Milliseconds(), r.reclaimIdle.Milliseconds(),
 			r.reg.histCap, ks.Events(p), r.reg.retention.Milliseconds(), followUp,
-			r.reg.stagesCSV[job.Scope], job.Retry.MaxAttempts, read, first.Letter(), k.String(), entryID}}
+			r.reg.stagesCSV[job.Scope], job.Retry.MaxAttempts, read, first.Letter(), k.String(), entryID,
+			r.leaseTTL(job.Scope).Milliseconds(), nextFollowUp}}
 	if r.reg.tracer != nil {
 		fin.keys = append(fin.keys, ks.FollowUpLinks(k), ks.Links(k, followUp))
 	}
+	sent := time.Now() // a claim of the entry taken counts its lease from here
 	res, err := evalOne(ctx, r.reg.gc, fin)
 	if err != nil || len(res) < 2 {
 		log.Warn("finish failed; the run will be recovered when its lease expires", slog.Any("error", err))
 		return nil
 	}
-	next := r.decodeEntries(ctx, p, res[2:])
+	next := r.decodeNext(ctx, p, res[2:], sent)
 	if res[0] != int64(1) {
 		r.reg.metrics.leaseLosses.WithLabelValues(k.Scope()).Inc()
 		log.Warn("lease lost before finish", slog.String("outcome", result))

@@ -5,7 +5,9 @@
 -- KEYS[5] partition retry queue
 -- KEYS[6] partition watch key (views are published only while it exists)
 -- KEYS[7..10] the partition's queue keys (lib.lua queue_at)
--- KEYS[11], KEYS[12] (only when tracing is on) the key's follow-up trace
+-- KEYS[11] partition's paused scopes   KEYS[12] partition's parked runs
+--          (for the claim of the entry taken, see below)
+-- KEYS[13], KEYS[14] (only when tracing is on) the key's follow-up trace
 --          links (requests merged into its next run, see submit.lua) and
 --          the links of the follow-up run ARGV[12]: a follow-up started here
 --          takes the first as the second
@@ -25,8 +27,16 @@
 --          bulk first): see read_lanes
 -- ARGV[17] task key   ARGV[18] the run's request entry: what the holder's
 --          claim wrote to the record, passed instead of read
+-- ARGV[19] the job's lease TTL (ms)   ARGV[20] a follow-up run id for the
+--          claim of the entry taken
 -- returns {1, status after}   {0, ''} not held   {-1, ''} ARGV[5] is not the
--- current stage — each followed by the entries taken
+-- current stage — each followed by the entries taken. When the call takes
+-- one entry and it is a run of the same job, the call also claims it for
+-- this runner (lib.lua claim_entry, with this job's definition and lease
+-- TTL): the entry is followed by its claim reply (see claim.lua), and the
+-- slot's next run costs no claim call. Its record, lease and history keys
+-- are derived from the entry's task key and this key's partition tag: the
+-- one exception to "every key in KEYS", in the slot of the declared keys.
 -- Cost of a done run: GET lease, HMGET of 8 fields (a retry or
 -- hand-back reads 3 more, a follow-up's start 3 more), TIME, DEL lease, ZREM taken, HSET,
 -- RPUSH (the stage and the result events together), ZADD index, PEXPIRE x2,
@@ -49,7 +59,7 @@ local function finish()
   local r = {runId = v[1], token = v[2], stage = v[3] or nil, stages = v[4] or nil, done = v[5] or nil,
     followUp = v[6] or nil, cancel = v[7] or nil, lastError = v[8] or nil,
     key = ARGV[17], entry = ARGV[18], owner = owner, partial = true}
-  local now = now_ms()
+  local now, now_us = clock()
   local before = nil -- the completed stage's event, appended with the result's
   local upd = nil    -- the completed stage's checkpoint fields, written with the result's
   if ARGV[5] ~= '' then
@@ -98,19 +108,41 @@ local function finish()
   else
     finish_terminal({task = task, q = queue, hist = hist, index = KEYS[4], cap = cap,
       retention = ARGV[11], next_run_id = ARGV[12], stages = ARGV[13],
-      max_attempts = ARGV[14], now = now, extra = upd, links_from = KEYS[11], links_to = KEYS[12]}, result, ARGV[6], r,
+      max_attempts = ARGV[14], now = now, extra = upd, links_from = KEYS[13], links_to = KEYS[14]}, result, ARGV[6], r,
       before)
   end
   publish_view(task, ARGV[10], KEYS[6])
-  if result == 'retry' then return {1, 'retrying'}, now end
-  if result == 'handback' then return {1, 'queued'}, now end
-  if r.followUp == '1' and ARGV[12] ~= '' then return {1, 'queued'}, now end
-  return {1, result}, now
+  if result == 'retry' then return {1, 'retrying'}, now, now_us end
+  if result == 'handback' then return {1, 'queued'}, now, now_us end
+  if r.followUp == '1' and ARGV[12] ~= '' then return {1, 'queued'}, now, now_us end
+  return {1, result}, now, now_us
 end
 
-local out, now = finish()
+-- claim_taken claims the one entry the call took (out[3]) when it is a run
+-- of this job, appending the claim's reply.
+local function claim_taken(out, now, now_us)
+  local e, key = out[3], ARGV[17]
+  local a = string.find(e, US, 2, true)
+  local b = a and string.find(e, US, a + 1, true)
+  if not b then return end -- not tasklease's: the caller drops it
+  local next_key = string.sub(e, a + 1, b - 1)
+  local bar = string.find(key, '|', 1, true)
+  local scope = string.sub(key, bar) -- '|<scope>'
+  if string.sub(next_key, -#scope) ~= scope or string.find(next_key, '|', 1, true) ~= #next_key - #scope + 1 then
+    return -- another job: the caller claims it with that job's definition
+  end
+  local tag = string.sub(KEYS[1], 1, #KEYS[1] - #key - 6) -- KEYS[1] is <tag>:task:<key>
+  local c = {owner = ARGV[1], cap = ARGV[9], channel = ARGV[10], retention = ARGV[11], index = KEYS[4],
+    watch = KEYS[6], q = queue, parked = KEYS[12], paused = paused_scopes(KEYS[11]), now = now, now_us = now_us}
+  out[4] = claim_entry(c, tag .. ':task:' .. next_key, tag .. ':lease:' .. next_key, tag .. ':history:' .. next_key,
+    string.sub(e, 1, 1), e, string.sub(e, 2, a - 1), string.sub(e, b + 1), ARGV[19], ARGV[20], ARGV[13], ARGV[14])
+end
+
+local out, now, now_us = finish()
 local n = tonumber(ARGV[15]) or 0
 if n > 0 then
-  read_lanes(out, queue, ARGV[16] == 'b' and 'b' or 'p', n, (now or now_ms()) + tonumber(ARGV[8]))
+  if not now then now, now_us = clock() end
+  read_lanes(out, queue, ARGV[16] == 'b' and 'b' or 'p', n, now + tonumber(ARGV[8]))
+  if n == 1 and #out == 3 then claim_taken(out, now, now_us) end
 end
 return out

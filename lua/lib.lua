@@ -732,3 +732,164 @@ local function recovery_mode(done, cursor, n_stages)
   if done >= n_stages then return 'skip' end
   return 'resume'
 end
+
+-- paused_scopes reads a partition's paused set: scope -> true, or nil
+-- while nothing is paused (one SMEMBERS of an empty set: the only cost of
+-- pause on the hot path).
+local function paused_scopes(paused_key)
+  local paused = nil
+  for _, scope in ipairs(redis.call('SMEMBERS', paused_key)) do
+    paused = paused or {}
+    paused[scope] = true
+  end
+  return paused
+end
+
+-- scope_paused says whether the run of task is of a paused scope (paused:
+-- paused_scopes' table), and returns its key's parts for parking.
+local function scope_paused(paused, task)
+  if not paused then return false end
+  local key = redis.call('HGET', task, 'key') or ''
+  local bar = string.find(key, '|', 1, true)
+  if not bar then return false end
+  local scope = string.sub(key, bar + 1)
+  return paused[scope] == true, scope, string.sub(key, 1, bar - 1)
+end
+
+-- claim_ending is what finish_terminal needs when a claim ends a run (rare).
+local function claim_ending(c, task, hist, next_run_id, def_stages, def_max)
+  return {task = task, q = c.q, hist = hist, index = c.index, cap = c.cap, retention = c.retention,
+    next_run_id = next_run_id, stages = def_stages, max_attempts = def_max, now = c.now}
+end
+
+-- claim_entry decides on one entry a runner took — stale, busy, foreign,
+-- paused or granted — and on a grant takes the lease with the key's next
+-- fencing token and enters the first incomplete stage (claim.lua has the
+-- reply's contract). c: {owner, cap, channel (events), watch, q (queue_at),
+-- index, retention, parked (key), paused (paused_scopes), now, now_us
+-- (clock)}; task, lease_key, hist: the entry's run's keys; then the entry,
+-- the lease TTL (ms), a follow-up run id (used if the claim ends the run and
+-- a follow-up is queued), and this runner's definition of the run's job.
+local function claim_entry(c, task, lease_key, hist, lane, entry_id, run_id, source, ttl, next_run_id, def_stages, def_max)
+  local now, owner = c.now, c.owner
+  local rec = redis.call('HMGET', task, unpack(CLAIM_READ))
+  local status = rec[2]
+  if rec[1] ~= run_id or not (status == 'queued' or status == 'running' or status == 'retrying') then
+    ack_entry(c.q, entry_id)
+    return {'ack'}
+  end
+  local holder = redis.call('GET', lease_key)
+  if holder then
+    local pttl = redis.call('PTTL', lease_key)
+    -- Make the entry reclaimable the moment the lease would expire, not a
+    -- whole idle period later; a live holder's heartbeat moves it on.
+    redis.call('ZADD', c.q.taken, 'XX', now + pttl, entry_id)
+    return {'busy', holder, pttl}
+  end
+  -- A cancel (or replace) ends the run at once, even during its retry backoff.
+  if rec[3] == '1' then
+    finish_terminal(claim_ending(c, task, hist, next_run_id, def_stages, def_max), 'cancelled', 'cancelled')
+    publish_view(task, c.channel, c.watch)
+    return {'ack'}
+  end
+  -- nextAttemptAt is set only while retrying (the claim clears it)
+  local next_at = status == 'retrying' and redis.call('HGET', task, 'nextAttemptAt')
+  if next_at and tonumber(next_at) and tonumber(next_at) > tonumber(now) then
+    return {'busy', '', tonumber(next_at) - now}
+  end
+  -- A paused scope: nobody claims its runs. The entry is acknowledged (so
+  -- no runner keeps reading or reclaiming it) and the run is parked with
+  -- the source it was requested by; the record stays queued, running with
+  -- an expired lease, or retrying, and is claimed as such after resume.
+  local is_paused, scope, subject = scope_paused(c.paused, task)
+  if is_paused then
+    ack_entry(c.q, entry_id)
+    redis.call('ZADD', c.parked, 0, scope .. ' ' .. subject)
+    redis.call('HSET', task, 'entry', '', 'prun', run_id, 'psrc', source, 'plane', lane,
+      'waiting', 'scope ' .. scope .. ' is paused', 'v', '')
+    publish_view(task, c.channel, c.watch)
+    return {'paused'}
+  end
+  -- Rolling deploys: a run whose remaining stages this runner does not
+  -- define is left to a runner that does, never failed. The entry stays
+  -- taken and is reclaimable at once (behind every entry due before it);
+  -- the view says what it waits for.
+  local missing = nil
+  if def_stages == '' then
+    missing = ''
+  elseif def_stages ~= rec[8] then -- the same definition defines every stage
+    local defined = {}
+    for _, s in ipairs(split(def_stages, ',')) do defined[s] = true end
+    local run_stages = split(rec[8], ',')
+    for i = (tonumber(rec[9]) or 0) + 1, #run_stages do
+      if not defined[run_stages[i]] then missing = run_stages[i]; break end
+    end
+  end
+  if missing then
+    local why
+    if missing == '' then
+      why = 'waiting for a runner that defines this job (' .. owner .. ' does not)'
+    else
+      why = 'waiting for a runner that defines stage ' .. missing .. ' (' .. owner .. ' does not)'
+    end
+    redis.call('ZADD', c.q.taken, 'XX', now, entry_id)
+    if rec[10] ~= why then
+      redis.call('HSET', task, 'waiting', why, 'v', '')
+      publish_view(task, c.channel, c.watch)
+    end
+    return {'foreign', missing}
+  end
+  local attempt, max_attempts = tonumber(rec[4]) or 0, tonumber(rec[5]) or 1
+  if status == 'running' then
+    -- The previous holder's lease expired without a finish: it crashed,
+    -- paused or was cut off.
+    hist_push(hist, c.cap, hist_ev(now, 'lease-lost', run_id, '', '', '', redis.call('HGET', task, 'owner'), rec[6]))
+    if attempt >= max_attempts then
+      finish_terminal(claim_ending(c, task, hist, next_run_id, def_stages, def_max), 'failed', 'lease expired on the last attempt (' .. attempt .. ' of ' .. max_attempts .. ')')
+      publish_view(task, c.channel, c.watch)
+      return {'ack'}
+    end
+  end
+  local token = next_token(rec[6], c.now_us)
+  redis.call('SET', lease_key, lease_value(token, owner), 'PX', ttl)
+  -- Hand the record to the new holder: the run keeps its completed stages
+  -- and cursor, so a recovered run resumes.
+  local done, cursor = tonumber(rec[9]) or 0, rec[11] or ''
+  local stage = list_at(rec[8], done + 1)
+  local attempt_now = attempt + 1
+  local sources = list_add(rec[7], source)
+  local started = rec[12]
+  local fields = {'status', 'running', 'stage', stage, 'owner', owner, 'token', tok_str(token),
+    'updatedAt', now, 'attempt', attempt_now, 'entry', entry_id, 'lane', lane}
+  if sources ~= rec[7] then
+    fields[#fields + 1] = 'sources'
+    fields[#fields + 1] = sources
+  end
+  if not started or started == '' then
+    started = now
+    fields[#fields + 1] = 'startedAt'
+    fields[#fields + 1] = now
+  end
+  if next_at and next_at ~= '' then
+    fields[#fields + 1] = 'nextAttemptAt'
+    fields[#fields + 1] = ''
+  end
+  if rec[10] and rec[10] ~= '' then
+    fields[#fields + 1] = 'waiting'
+    fields[#fields + 1] = ''
+  end
+  fields[#fields + 1] = 'v' -- the cached view (lib.lua submit_fast)
+  fields[#fields + 1] = ''
+  redis.call('HSET', task, unpack(fields))
+  -- 'recovered' is reserved for crash recovery (the lease expired while
+  -- running); a retry or a handed-back run is 'started' again, with its
+  -- recovery mode as the outcome.
+  local outcome = nil
+  if attempt_now > 1 or done > 0 or cursor ~= '' then
+    outcome = recovery_mode(done, cursor, #split(rec[8], ','))
+  end
+  hist_push(hist, c.cap, hist_ev(now, status == 'running' and 'recovered' or 'started', run_id, source, stage, outcome,
+    owner, token))
+  publish_view(task, c.channel, c.watch)
+  return {'granted', token, done, cursor, attempt_now, rec[8], sources, started, status}
+end
