@@ -702,8 +702,10 @@ end
 -- read_lanes takes up to n entries of a partition, from lane `first` ('p'
 -- or 'b') and from the other only for what is left, into the taken set
 -- with score `due` (when they become reclaimable, ms), appending them to
--- out. When it took all it could and work is left, it rings the bell so
--- another idle runner takes the rest.
+-- out. When it took all it asked for, it rings the bell, so another idle
+-- runner takes what may be left (without asking the lanes' lengths: a ring
+-- with nothing left costs an idle runner one empty read, and a busy system
+-- has a token waiting already, so the ring is one LLEN).
 local function read_lanes(out, q, first, n, due)
   local want = n
   local lane = first
@@ -721,7 +723,7 @@ local function read_lanes(out, q, first, n, due)
     end
     lane = lane == 'p' and 'b' or 'p'
   end
-  if want <= 0 and (redis.call('LLEN', q.p) > 0 or redis.call('LLEN', q.b) > 0) then ring(q) end
+  if want <= 0 then ring(q) end
   return out
 end
 
