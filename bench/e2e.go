@@ -183,7 +183,7 @@ func (b *bench) e2eTasklease(name string, rep, stages int, withBytes bool) (e2eR
 		return e2eResult{}, err
 	}
 	// The in-process counter says when the last handler ran; Redis says
-	// when the last run was finished (its request acknowledged and deleted
+	// when the last run was finished (its request acknowledged
 	// by the finish script, with the record's status done).
 	if err := waitUntil(ctx, e2eTimeout, time.Millisecond, func() (bool, error) { return handled.Load() >= int64(n), nil }); err != nil {
 		return e2eResult{}, fmt.Errorf("handlers ran %d of %d runs: %w", handled.Load(), n, err)
@@ -192,7 +192,7 @@ func (b *bench) e2eTasklease(name string, rep, stages int, withBytes bool) (e2eR
 		stream, retry, err := tl.obs.QueueDepth(ctx)
 		return stream == 0 && retry == 0, err
 	}); err != nil {
-		return e2eResult{}, fmt.Errorf("requests left in the streams: %w", err)
+		return e2eResult{}, fmt.Errorf("requests left in the queues: %w", err)
 	}
 	res, err := m.stop(n)
 	if err != nil {
