@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
+	"slices"
 	"strconv"
 	"time"
 
@@ -30,11 +32,33 @@ func (r *Runner) readOrder(p int) (first, second keyspace.Lane) {
 }
 
 // readCall builds a read_next.lua call: up to n entries of partition p,
-// lane by lane.
+// lane by lane, each claimed for this runner in the same call.
 func (r *Runner) readCall(p, n int) *scriptCall {
 	first, _ := r.readOrder(p)
-	return &scriptCall{script: r.reg.scripts.readNext, keys: r.reg.ks.QueueKeys(p),
-		args: []any{n, first.Letter(), r.reclaimIdle.Milliseconds()}}
+	ks := r.reg.ks
+	keys := make([]string, 0, 8)
+	keys = append(keys, ks.QueueKeys(p)...)
+	keys = append(keys, ks.Index(p), ks.Watch(p), ks.Paused(p), ks.Parked(p))
+	args := make([]any, 0, 7+len(r.jobDefs)+n)
+	args = append(args, n, first.Letter(), r.reclaimIdle.Milliseconds(), r.owner, r.reg.histCap, ks.Events(p),
+		r.reg.retention.Milliseconds())
+	args = append(args, r.jobDefs...)
+	for range n {
+		args = append(args, newRunID()) // a follow-up's id, if a claim ends its run
+	}
+	return &scriptCall{script: r.reg.scripts.readNext, keys: keys, args: args}
+}
+
+// jobDefsArgs lists the jobs reg defines as read_next.lua takes them: their
+// number, then scope, stages, maxAttempts and lease TTL (ms) of each.
+func (r *Runner) jobDefsArgs() []any {
+	scopes := slices.Sorted(maps.Keys(r.reg.jobs))
+	out := make([]any, 0, 1+4*len(scopes))
+	out = append(out, len(scopes))
+	for _, scope := range scopes {
+		out = append(out, scope, r.reg.stagesCSV[scope], r.reg.jobs[scope].Retry.MaxAttempts, r.leaseTTL(scope).Milliseconds())
+	}
+	return out
 }
 
 // decodeEntries decodes the entries read_lanes (lua/lib.lua) took. Entries
@@ -92,7 +116,7 @@ func (r *Runner) dropEntry(ctx context.Context, e entry) {
 
 // fetchLoop takes work from partition p's lanes. While slots are free it
 // takes, without blocking, as many entries as it has slots (people's lane
-// first) and claims them in one script; when both lanes are empty it
+// first), claimed in the same script; when both lanes are empty it
 // blocks on the partition's bell without holding a slot, so idle
 // partitions never hold capacity another partition could use. A ring lost
 // to a runner that died before reading costs at most FetchBlock.
@@ -115,20 +139,27 @@ func (r *Runner) fetchLoop(ctx context.Context, p int) {
 			return
 		}
 		n := 1 + r.tryAcquire(r.cfg.FetchBatch-1)
-		res, err := evalOne(ctx, r.reg.gc, r.readCall(p, n))
-		es := r.decodeEntries(ctx, p, res)
-		r.release(n - len(es))
+		// Not cancelled with ctx: runs this call claims must be started (a
+		// stopping runner hands them back after the grace), not left to
+		// wait out their lease.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseTTL)
+		sent := time.Now()
+		res, err := evalOne(rctx, r.reg.gc, r.readCall(p, n))
+		next := r.decodeNext(rctx, p, res, sent)
+		cancel()
 		if err != nil {
+			r.release(n)
 			if !onErr(err) {
 				return
 			}
 			continue
 		}
 		failures = 0
-		if len(es) > 0 {
-			r.claimAndStart(ctx, p, es)
+		if len(next) > 0 {
+			r.startTaken(next, n)
 			continue
 		}
+		r.release(n)
 		// BLPOP through Do: go-redis's BLPop rounds timeouts up to whole
 		// seconds, and Redis takes fractions.
 		err = r.reg.rdb.Do(ctx, "BLPOP", bell, blockSeconds).Err()
@@ -136,6 +167,23 @@ func (r *Runner) fetchLoop(ctx context.Context, p int) {
 			return
 		}
 	}
+}
+
+// startTaken starts the runs a read claimed for this runner. The caller
+// holds n slots: one stays with each run started, the rest are released.
+func (r *Runner) startTaken(next []nextEntry, n int) {
+	used := 0
+	for _, t := range next {
+		switch {
+		case t.claim == nil: // unreadable: the entry is reclaimed when due
+		case t.claim.kind != claimGranted:
+			r.notGranted(t.e, *t.claim)
+		default:
+			used++
+			r.start(r.newLocalRun(t.e), *t.claim)
+		}
+	}
+	r.release(n - used)
 }
 
 // claimAndStart claims entries of partition p in one script and starts

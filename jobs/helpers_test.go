@@ -221,13 +221,31 @@ func runChildRunner(t *testing.T, reg *Registry, cfg RunnerConfig, bound time.Du
 	}
 }
 
+// takeScript takes entries off a partition's lanes (people first) into its
+// taken set, reclaimable a minute later, as a read does before it claims
+// (lib.lua read_lanes). KEYS: the queue keys; ARGV[1] n.
+var takeScript = redis.NewScript(`
+local t = redis.call('TIME')
+local due = t[1] * 1000 + 60000
+local out = {}
+for _, lane in ipairs({KEYS[2], KEYS[1]}) do
+  local got = redis.call('LPOP', lane, tonumber(ARGV[1]) - #out)
+  if got then
+    for _, e in ipairs(got) do
+      redis.call('ZADD', KEYS[4], due, e)
+      out[#out + 1] = e
+    end
+  end
+  if #out >= tonumber(ARGV[1]) then break end
+end
+return out`)
+
 // takeEntries takes up to n entries of partition p off its lanes (people
-// first) into the taken set, as a runner's read does (read_next.lua), and
-// returns them: a runner that read them and then died or stalled.
+// first) into the taken set without claiming them, and returns them: a
+// runner that read them and then died or stalled before its claim.
 func takeEntries(tb testing.TB, reg *Registry, p, n int) []entry {
 	tb.Helper()
-	res, err := reg.scripts.readNext.Run(context.Background(), reg.rdb, reg.ks.QueueKeys(p), n, "p",
-		time.Minute.Milliseconds()).Slice()
+	res, err := takeScript.Run(context.Background(), reg.rdb, reg.ks.QueueKeys(p), n).Slice()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		tb.Fatal(err)
 	}

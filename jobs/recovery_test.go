@@ -563,12 +563,12 @@ func TestRecoveryScriptFlushMidRun(t *testing.T) {
 
 			// The engine's code is in Redis as a Functions library (Redis 7)
 			// or as cached scripts (miniredis): flush both.
-			claimSHA := e.reg.scripts.claim.Hash()
+			readSHA := e.reg.scripts.readNext.Hash() // the read that took and claimed u1's run
 			libs, err := b.Client.FunctionList(ctx, redis.FunctionListQuery{}).Result()
 			functions := err == nil
-			cached, _ := b.Client.ScriptExists(ctx, claimSHA).Result()
+			cached, _ := b.Client.ScriptExists(ctx, readSHA).Result()
 			if functions && len(libs) == 0 || !functions && (len(cached) != 1 || !cached[0]) {
-				t.Fatalf("engine code not in Redis before the flush: libraries %v (%v), claim cached %v", libs, err, cached)
+				t.Fatalf("engine code not in Redis before the flush: libraries %v (%v), read_next cached %v", libs, err, cached)
 			}
 			if err := b.Client.ScriptFlush(ctx).Err(); err != nil {
 				t.Fatal(err)
@@ -578,8 +578,8 @@ func TestRecoveryScriptFlushMidRun(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if ok, err := b.Client.ScriptExists(ctx, claimSHA).Result(); err != nil || ok[0] {
-				t.Fatalf("claim script still cached after SCRIPT FLUSH: %v %v", ok, err)
+			if ok, err := b.Client.ScriptExists(ctx, readSHA).Result(); err != nil || ok[0] {
+				t.Fatalf("read_next script still cached after SCRIPT FLUSH: %v %v", ok, err)
 			}
 			g.open()
 			v := e.waitStatus("u1", "course_sync", 10*time.Second, StatusDone, StatusFailed, StatusRetrying)

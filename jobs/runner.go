@@ -121,9 +121,12 @@ type Runner struct {
 	// re-examined by claim; the shortest lease TTL of any job, so no
 	// expired lease waits for longer.
 	reclaimIdle time.Duration
-	log         *slog.Logger
-	slots       chan struct{}
-	presence    *presence // this runner's record in the runner registry
+	// jobDefs: the jobs this runner defines as every read passes them
+	// (jobDefsArgs), built once.
+	jobDefs  []any
+	log      *slog.Logger
+	slots    chan struct{}
+	presence *presence // this runner's record in the runner registry
 
 	workCtx    context.Context // runs; cancelled with ErrShutdown after the grace
 	workCancel context.CancelCauseFunc
@@ -159,14 +162,16 @@ func NewRunner(reg *Registry, cfg RunnerConfig) (*Runner, error) {
 		}
 	}
 	owner := cfg.ID + "/" + newRunID()[:6]
-	return &Runner{
+	r := &Runner{
 		reg: reg, cfg: cfg, owner: owner, reclaimIdle: reclaimIdle,
 		reads:    make([]atomic.Uint64, reg.ks.Partitions()),
 		log:      reg.log.With(slog.String("owner", owner)),
 		slots:    make(chan struct{}, cfg.Concurrency),
 		presence: newPresence(cfg.PresenceInterval, cfg.Version),
 		active:   make(map[string]map[*context.CancelCauseFunc]struct{}),
-	}, nil
+	}
+	r.jobDefs = r.jobDefsArgs()
+	return r, nil
 }
 
 func cmp0(v, def time.Duration) time.Duration {

@@ -1,10 +1,52 @@
 -- read_next: take up to n entries of one partition, from the preferred lane
 -- first and from the other only for what is left, so a runner's free slots
--- go to people's requests before bulk work (lib.lua read_lanes).
--- (Blocking pops cannot run in a script; an idle runner blocks on the
--- partition's bell, then calls this.)
+-- go to people's requests before bulk work (lib.lua read_lanes), and claim
+-- each for this runner in the same call (lib.lua claim_entry, with this
+-- runner's definition of the entry's job; a job it does not define is
+-- answered 'foreign'). A run picked up by an idle runner thus costs one
+-- call after the bell wakes it. (Blocking pops cannot run in a script; an
+-- idle runner blocks on the partition's bell, then calls this.)
 -- KEYS[1..4] the partition's queue keys (lib.lua queue_at)
+-- KEYS[5] partition index   KEYS[6] partition watch key
+-- KEYS[7] partition's paused scopes   KEYS[8] partition's parked runs
 -- ARGV[1] n   ARGV[2] the preferred lane's letter ('p' or 'b')
 -- ARGV[3] reclaim idle (ms): the entries become reclaimable that long from now
--- returns the entries taken, in order
-return read_lanes({}, queue_at(KEYS, 1), ARGV[2], tonumber(ARGV[1]), now_ms() + tonumber(ARGV[3]))
+-- ARGV[4] owner   ARGV[5] history cap   ARGV[6] events channel   ARGV[7] retention (ms)
+-- ARGV[8] J, the number of jobs this runner defines, then per job 4
+--   arguments: scope, stages (comma list), maxAttempts, lease TTL (ms)
+-- then n follow-up run ids, one per entry (used if its claim ends the run
+--   and a follow-up is queued)
+-- returns the entries taken, in order, each followed by its claim reply
+-- (see claim.lua). The entries' record, lease and history keys are derived
+-- from the entries in the partition's slot, as in finish.lua.
+local n = tonumber(ARGV[1])
+local now, now_us = clock()
+local taken = read_lanes({}, queue_at(KEYS, 1), ARGV[2], n, now + tonumber(ARGV[3]))
+if #taken == 0 then return taken end
+local defs = {}
+local j = 9
+for _ = 1, tonumber(ARGV[8]) do
+  defs[ARGV[j]] = j
+  j = j + 4
+end
+local ids = j -- ARGV[ids + i - 1]: follow-up run id of entry i
+local tag = string.sub(KEYS[5], 1, #KEYS[5] - 6) -- KEYS[5] is <tag>:index
+local c = {owner = ARGV[4], cap = ARGV[5], channel = ARGV[6], retention = ARGV[7], index = KEYS[5], watch = KEYS[6],
+  q = queue_at(KEYS, 1), parked = KEYS[8], paused = paused_scopes(KEYS[7]), now = now, now_us = now_us}
+local out = {}
+for i, e in ipairs(taken) do
+  out[#out + 1] = e
+  local a = string.find(e, US, 2, true)
+  local b = a and string.find(e, US, a + 1, true)
+  local bar = b and string.find(e, '|', a + 1, true)
+  if bar and bar < b then -- tasklease's entry (the caller drops others)
+    local key = string.sub(e, a + 1, b - 1)
+    local d = defs[string.sub(e, bar + 1, b - 1)]
+    local stages, max_attempts, ttl = '', '1', '0'
+    if d then stages, max_attempts, ttl = ARGV[d + 1], ARGV[d + 2], ARGV[d + 3] end
+    out[#out + 1] = claim_entry(c, tag .. ':task:' .. key, tag .. ':lease:' .. key, tag .. ':history:' .. key,
+      string.sub(e, 1, 1), e, string.sub(e, 2, a - 1), string.sub(e, b + 1), ttl, ARGV[ids + i - 1], stages,
+      max_attempts)
+  end
+end
+return out
