@@ -39,13 +39,10 @@ func (r *Runner) readCall(p, n int) *scriptCall {
 	keys := make([]string, 0, 8)
 	keys = append(keys, ks.QueueKeys(p)...)
 	keys = append(keys, ks.Index(p), ks.Watch(p), ks.Paused(p), ks.Parked(p))
-	args := make([]any, 0, 7+len(r.jobDefs)+n)
+	args := make([]any, 0, 7+len(r.jobDefs))
 	args = append(args, n, first.Letter(), r.reclaimIdle.Milliseconds(), r.owner, r.reg.histCap, ks.Events(p),
 		r.reg.retention.Milliseconds())
 	args = append(args, r.jobDefs...)
-	for range n {
-		args = append(args, newRunID()) // a follow-up's id, if a claim ends its run
-	}
 	return &scriptCall{script: r.reg.scripts.readNext, keys: keys, args: args}
 }
 

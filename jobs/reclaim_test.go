@@ -174,6 +174,9 @@ func TestReclaimNotStalledByForeignEntries(t *testing.T) {
 	for i := range 5 {
 		only.waitStatus(fmt.Sprintf("c%d", i), rcScope, 20*time.Second, StatusDone)
 	}
+	// Entries due at the same time come in no particular order: some of
+	// the aliens were examined on the way, and say why they wait.
+	examined := 0
 	for i := range 40 {
 		v, err := both.reg.Get(ctx, fmt.Sprintf("a%02d", i), "alien")
 		if err != nil {
@@ -182,11 +185,15 @@ func TestReclaimNotStalledByForeignEntries(t *testing.T) {
 		if v.Status != StatusQueued || c.get(v.Subject+"/probe") != 0 {
 			t.Errorf("%s: status %s, probe ran %d times; want queued, never run", v.Key, v.Status, c.get(v.Subject+"/probe"))
 		}
-		if i < 4 && !strings.Contains(v.Waiting, "waiting for a runner that defines this job") {
-			t.Errorf("%s: waiting %q, want the reason naming the job", v.Key, v.Waiting)
+		if v.Waiting == "" {
+			continue
+		}
+		examined++
+		if want := "waiting for a runner that defines this job (" + rn.Owner() + " does not)"; v.Waiting != want {
+			t.Errorf("%s: waiting %q, want %q", v.Key, v.Waiting, want)
 		}
 	}
-	if v, _ := both.reg.Get(ctx, "a00", "alien"); !strings.Contains(v.Waiting, rn.Owner()) {
-		t.Errorf("waiting %q does not name the runner %s", v.Waiting, rn.Owner())
+	if examined < 4 {
+		t.Errorf("%d alien runs say why they wait, want at least the first reclaim batch's 4", examined)
 	}
 }

@@ -759,7 +759,11 @@ local function scope_paused(paused, task)
 end
 
 -- claim_ending is what finish_terminal needs when a claim ends a run (rare).
-local function claim_ending(c, task, hist, next_run_id, def_stages, def_max)
+-- A follow-up's run id '' is derived from the ended run's: a run ends once,
+-- so it is as unique as a random one, and callers need not send an id per
+-- entry for this rare case.
+local function claim_ending(c, task, hist, next_run_id, def_stages, def_max, run_id)
+  if next_run_id == '' then next_run_id = string.sub(redis.sha1hex('follow-up of ' .. run_id), 1, 24) end
   return {task = task, q = c.q, hist = hist, index = c.index, cap = c.cap, retention = c.retention,
     next_run_id = next_run_id, stages = def_stages, max_attempts = def_max, now = c.now}
 end
@@ -771,7 +775,8 @@ end
 -- index, retention, parked (key), paused (paused_scopes), now, now_us
 -- (clock)}; task, lease_key, hist: the entry's run's keys; then the entry,
 -- the lease TTL (ms), a follow-up run id (used if the claim ends the run and
--- a follow-up is queued), and this runner's definition of the run's job.
+-- a follow-up is queued; '' derives one, see claim_ending), and this
+-- runner's definition of the run's job.
 local function claim_entry(c, task, lease_key, hist, lane, entry_id, run_id, source, ttl, next_run_id, def_stages, def_max)
   local now, owner = c.now, c.owner
   local rec = redis.call('HMGET', task, unpack(CLAIM_READ))
@@ -790,7 +795,7 @@ local function claim_entry(c, task, lease_key, hist, lane, entry_id, run_id, sou
   end
   -- A cancel (or replace) ends the run at once, even during its retry backoff.
   if rec[3] == '1' then
-    finish_terminal(claim_ending(c, task, hist, next_run_id, def_stages, def_max), 'cancelled', 'cancelled')
+    finish_terminal(claim_ending(c, task, hist, next_run_id, def_stages, def_max, run_id), 'cancelled', 'cancelled')
     publish_view(task, c.channel, c.watch)
     return {'ack'}
   end
@@ -847,7 +852,7 @@ local function claim_entry(c, task, lease_key, hist, lane, entry_id, run_id, sou
     -- paused or was cut off.
     hist_push(hist, c.cap, hist_ev(now, 'lease-lost', run_id, '', '', '', redis.call('HGET', task, 'owner'), rec[6]))
     if attempt >= max_attempts then
-      finish_terminal(claim_ending(c, task, hist, next_run_id, def_stages, def_max), 'failed', 'lease expired on the last attempt (' .. attempt .. ' of ' .. max_attempts .. ')')
+      finish_terminal(claim_ending(c, task, hist, next_run_id, def_stages, def_max, run_id), 'failed', 'lease expired on the last attempt (' .. attempt .. ' of ' .. max_attempts .. ')')
       publish_view(task, c.channel, c.watch)
       return {'ack'}
     end

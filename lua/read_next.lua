@@ -14,8 +14,8 @@
 -- ARGV[4] owner   ARGV[5] history cap   ARGV[6] events channel   ARGV[7] retention (ms)
 -- ARGV[8] J, the number of jobs this runner defines, then per job 4
 --   arguments: scope, stages (comma list), maxAttempts, lease TTL (ms)
--- then n follow-up run ids, one per entry (used if its claim ends the run
---   and a follow-up is queued)
+-- (A claim that ends a run with a queued follow-up derives the follow-up's
+-- run id: lib.lua claim_ending.)
 -- returns the entries taken, in order, each followed by its claim reply
 -- (see claim.lua). The entries' record, lease and history keys are derived
 -- from the entries in the partition's slot, as in finish.lua.
@@ -29,12 +29,11 @@ for _ = 1, tonumber(ARGV[8]) do
   defs[ARGV[j]] = j
   j = j + 4
 end
-local ids = j -- ARGV[ids + i - 1]: follow-up run id of entry i
 local tag = string.sub(KEYS[5], 1, #KEYS[5] - 6) -- KEYS[5] is <tag>:index
 local c = {owner = ARGV[4], cap = ARGV[5], channel = ARGV[6], retention = ARGV[7], index = KEYS[5], watch = KEYS[6],
   q = queue_at(KEYS, 1), parked = KEYS[8], paused = paused_scopes(KEYS[7]), now = now, now_us = now_us}
 local out = {}
-for i, e in ipairs(taken) do
+for _, e in ipairs(taken) do
   out[#out + 1] = e
   local a = string.find(e, US, 2, true)
   local b = a and string.find(e, US, a + 1, true)
@@ -45,8 +44,7 @@ for i, e in ipairs(taken) do
     local stages, max_attempts, ttl = '', '1', '0'
     if d then stages, max_attempts, ttl = ARGV[d + 1], ARGV[d + 2], ARGV[d + 3] end
     out[#out + 1] = claim_entry(c, tag .. ':task:' .. key, tag .. ':lease:' .. key, tag .. ':history:' .. key,
-      string.sub(e, 1, 1), e, string.sub(e, 2, a - 1), string.sub(e, b + 1), ttl, ARGV[ids + i - 1], stages,
-      max_attempts)
+      string.sub(e, 1, 1), e, string.sub(e, 2, a - 1), string.sub(e, b + 1), ttl, '', stages, max_attempts)
   end
 end
 return out
