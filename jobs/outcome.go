@@ -38,10 +38,6 @@ func (r *Runner) finish(job *Job, e entry, lease leasing.Lease, result, complete
 	ctx, cancel := context.WithTimeout(context.Background(), lease.TTL)
 	defer cancel()
 	followUp := newRunID() // the id of a queued follow-up, if this finish starts one
-	nextFollowUp := ""
-	if read > 0 {
-		nextFollowUp = newRunID() // for the claim of the entry taken, if it ends that run
-	}
 	keys := make([]string, 0, 14)
 	keys = append(keys, ks.Task(k), ks.Lease(k), ks.History(k), ks.Index(p), ks.Retry(p), ks.Watch(p))
 	keys = append(keys, ks.QueueKeys(p)...)
@@ -50,7 +46,7 @@ func (r *Runner) finish(job *Job, e entry, lease leasing.Lease, result, complete
 		args: []any{lease.Owner, lease.Token, runID, result, completed, errText, delay.Milliseconds(), r.reclaimIdle.Milliseconds(),
 			r.reg.histCap, ks.Events(p), r.reg.retention.Milliseconds(), followUp,
 			r.reg.stagesCSV[job.Scope], job.Retry.MaxAttempts, read, first.Letter(), k.String(), entryID,
-			r.leaseTTL(job.Scope).Milliseconds(), nextFollowUp}}
+			r.leaseTTL(job.Scope).Milliseconds()}}
 	if r.reg.tracer != nil {
 		fin.keys = append(fin.keys, ks.FollowUpLinks(k), ks.Links(k, followUp))
 	}

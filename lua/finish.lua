@@ -27,8 +27,7 @@
 --          bulk first): see read_lanes
 -- ARGV[17] task key   ARGV[18] the run's request entry: what the holder's
 --          claim wrote to the record, passed instead of read
--- ARGV[19] the job's lease TTL (ms)   ARGV[20] a follow-up run id for the
---          claim of the entry taken
+-- ARGV[19] the job's lease TTL (ms), for the claim of the entry taken
 -- returns {1, status after}   {0, ''} not held   {-1, ''} ARGV[5] is not the
 -- current stage — each followed by the entries taken. When the call takes
 -- one entry and it is a run of the same job, the call also claims it for
@@ -122,20 +121,16 @@ end
 -- of this job, appending the claim's reply.
 local function claim_taken(out, now, now_us)
   local e, key = out[3], ARGV[17]
-  local a = string.find(e, US, 2, true)
-  local b = a and string.find(e, US, a + 1, true)
-  if not b then return end -- not tasklease's: the caller drops it
-  local next_key = string.sub(e, a + 1, b - 1)
+  local run_id, next_key, scope, source = entry_parts(e)
+  if not run_id then return end -- not tasklease's: the caller drops it
   local bar = string.find(key, '|', 1, true)
-  local scope = string.sub(key, bar) -- '|<scope>'
-  if string.sub(next_key, -#scope) ~= scope or string.find(next_key, '|', 1, true) ~= #next_key - #scope + 1 then
+  if scope ~= string.sub(key, bar + 1) then
     return -- another job: the caller claims it with that job's definition
   end
   local tag = string.sub(KEYS[1], 1, #KEYS[1] - #key - 6) -- KEYS[1] is <tag>:task:<key>
   local c = {owner = ARGV[1], cap = ARGV[9], channel = ARGV[10], retention = ARGV[11], index = KEYS[4],
     watch = KEYS[6], q = queue, parked = KEYS[12], paused = paused_scopes(KEYS[11]), now = now, now_us = now_us}
-  out[4] = claim_entry(c, tag .. ':task:' .. next_key, tag .. ':lease:' .. next_key, tag .. ':history:' .. next_key,
-    string.sub(e, 1, 1), e, string.sub(e, 2, a - 1), string.sub(e, b + 1), ARGV[19], ARGV[20], ARGV[13], ARGV[14])
+  out[4] = claim_in_slot(c, tag, e, run_id, next_key, source, ARGV[19], '', ARGV[13], ARGV[14])
 end
 
 local out, now, now_us = finish()

@@ -900,3 +900,23 @@ local function claim_entry(c, task, lease_key, hist, lane, entry_id, run_id, sou
   publish_view(task, c.channel, c.watch)
   return {'granted', token, done, cursor, attempt_now, rec[8], sources, started, status}
 end
+
+-- entry_parts splits an entry ("<lane><runId>US<task key>US<source>", the
+-- key "<subject>|<scope>") into run id, task key, scope and source; nil
+-- when it is not tasklease's.
+local function entry_parts(e)
+  local a = string.find(e, US, 2, true)
+  local b = a and string.find(e, US, a + 1, true)
+  local bar = b and string.find(e, '|', a + 1, true)
+  if not bar or bar > b then return nil end
+  return string.sub(e, 2, a - 1), string.sub(e, a + 1, b - 1), string.sub(e, bar + 1, b - 1), string.sub(e, b + 1)
+end
+
+-- claim_in_slot claims entry e (its parts from entry_parts) with
+-- claim_entry, the run's record, lease and history keys derived under the
+-- partition's hash tag: the caller took e in this same call, so it could
+-- not pass them in KEYS; they are in the slot of the keys it did pass.
+local function claim_in_slot(c, tag, e, run_id, key, source, ttl, next_run_id, stages, max_attempts)
+  return claim_entry(c, tag .. ':task:' .. key, tag .. ':lease:' .. key, tag .. ':history:' .. key,
+    string.sub(e, 1, 1), e, run_id, source, ttl, next_run_id, stages, max_attempts)
+end

@@ -35,16 +35,12 @@ local c = {owner = ARGV[4], cap = ARGV[5], channel = ARGV[6], retention = ARGV[7
 local out = {}
 for _, e in ipairs(taken) do
   out[#out + 1] = e
-  local a = string.find(e, US, 2, true)
-  local b = a and string.find(e, US, a + 1, true)
-  local bar = b and string.find(e, '|', a + 1, true)
-  if bar and bar < b then -- tasklease's entry (the caller drops others)
-    local key = string.sub(e, a + 1, b - 1)
-    local d = defs[string.sub(e, bar + 1, b - 1)]
+  local run_id, key, scope, source = entry_parts(e)
+  if run_id then -- tasklease's entry (the caller drops others)
+    local d = defs[scope]
     local stages, max_attempts, ttl = '', '1', '0'
     if d then stages, max_attempts, ttl = ARGV[d + 1], ARGV[d + 2], ARGV[d + 3] end
-    out[#out + 1] = claim_entry(c, tag .. ':task:' .. key, tag .. ':lease:' .. key, tag .. ':history:' .. key,
-      string.sub(e, 1, 1), e, string.sub(e, 2, a - 1), string.sub(e, b + 1), ttl, '', stages, max_attempts)
+    out[#out + 1] = claim_in_slot(c, tag, e, run_id, key, source, ttl, '', stages, max_attempts)
   end
 end
 return out
