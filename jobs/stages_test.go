@@ -288,17 +288,21 @@ func TestExecTimeout(t *testing.T) {
 	}
 	run := testStageRun()
 	run.stopBy = 300 * time.Millisecond
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	defer cancel()
+	// The timeout fires once the shell runs, however slow its start.
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	errc := runStageAsync(ctx, e, run)
+	shell := waitPIDFile(t, filepath.Join(dir, "shell.pid"))
 	start := time.Now()
-	err := e.RunStage(ctx, run)
+	cancel(context.DeadlineExceeded)
+	err := recvStage(t, errc, 5*time.Second)
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("err = %v, want context.DeadlineExceeded", err)
 	}
 	if d := time.Since(start); d > 3*time.Second {
 		t.Errorf("took %v; KillGrace should be capped by StopGrace (300ms)", d)
 	}
-	waitGone(t, "shell", waitPIDFile(t, filepath.Join(dir, "shell.pid")))
+	waitGone(t, "shell", shell)
 }
 
 func TestExecKillsLeftoversOnExit(t *testing.T) {
