@@ -36,7 +36,7 @@
 -- slot's next run costs no claim call. Its record, lease and history keys
 -- are derived from the entry's task key and this key's partition tag: the
 -- one exception to "every key in KEYS", in the slot of the declared keys.
--- Cost of a done run: GET lease, HMGET of 8 fields (a retry or
+-- Cost of a done run: GET lease, HMGET of 10 fields (a retry or
 -- hand-back reads 3 more, a follow-up's start 3 more), TIME, DEL lease, ZREM taken, HSET,
 -- RPUSH (the stage and the result events together), ZADD index, PEXPIRE x2,
 -- EXISTS watch; the read adds LPOP per lane until it has its entries, ZADD
@@ -53,10 +53,13 @@ local function finish()
   -- rest of what finish_terminal needs (entry, owner, key), or
   -- cleared it (nextAttemptAt, waiting). One table constructor: built
   -- field by field it would be resized four times.
-  local v = redis.call('HMGET', task, 'runId', 'token', 'stage', 'stages', 'done', 'followUp', 'cancel', 'lastError')
+  -- The cursor and the cached view are read so that what is empty is not
+  -- written again (a field read costs less than one written).
+  local v = redis.call('HMGET', task, 'runId', 'token', 'stage', 'stages', 'done', 'followUp', 'cancel', 'lastError',
+    'cursor', 'v')
   if v[1] ~= run_id or v[2] ~= token then return {0, ''} end
   local r = {runId = v[1], token = v[2], stage = v[3] or nil, stages = v[4] or nil, done = v[5] or nil,
-    followUp = v[6] or nil, cancel = v[7] or nil, lastError = v[8] or nil,
+    followUp = v[6] or nil, cancel = v[7] or nil, lastError = v[8] or nil, v = v[10] or nil,
     key = ARGV[17], entry = ARGV[18], owner = owner, partial = true}
   local now, now_us = clock()
   local before = nil -- the completed stage's event, appended with the result's
@@ -64,7 +67,8 @@ local function finish()
   if ARGV[5] ~= '' then
     local done = tonumber(r.done) or 0
     if list_at(r.stages, done + 1) ~= ARGV[5] then return {-1, ''} end
-    upd = {'done', done + 1, 'cursor', ''}
+    upd = {'done', done + 1}
+    if v[9] and v[9] ~= '' then upd[3], upd[4] = 'cursor', '' end
     if result == 'handback' then
       r.stage = list_at(r.stages, done + 2)
       upd[#upd + 1] = 'stage'

@@ -362,7 +362,7 @@ end
 -- FT_FIELDS are the record fields finish_terminal reads when its caller
 -- passes no record (ft_read).
 local FT_FIELDS = {'entry', 'runId', 'key', 'followUp', 'followUpSources', 'stages', 'maxAttempts',
-  'stage', 'owner', 'token', 'lane', 'co', 'cancel', 'nextAttemptAt', 'waiting', 'lastError'}
+  'stage', 'owner', 'token', 'lane', 'co', 'cancel', 'nextAttemptAt', 'waiting', 'lastError', 'v'}
 
 -- ft_read reads fields (a list of names) of task into table r, by name:
 -- r[name] is the value, or nil when the field is absent.
@@ -382,7 +382,7 @@ local FT_FOLLOW_UP = {'followUpSources', 'co', 'maxAttempts'}
 -- order of its rec[] indices (a retry's due time and a crashed holder's
 -- owner are read only then).
 local CLAIM_READ = {'runId', 'status', 'cancel', 'attempt', 'maxAttempts', 'token', 'sources', 'stages', 'done',
-  'waiting', 'cursor', 'startedAt'}
+  'waiting', 'cursor', 'startedAt', 'entry', 'v'}
 
 -- finish_terminal ends the current run as done, failed or cancelled: it
 -- acknowledges its request, records the result, and starts the queued
@@ -427,7 +427,7 @@ local function finish_terminal(c, result, err, r, before)
     for i = 1, #c.extra do fields[n + i] = c.extra[i] end
     n = n + #c.extra
   end
-  fields[n + 1], fields[n + 2] = 'v', '' -- the cached view (submit_fast)
+  if r.v and r.v ~= '' then fields[n + 1], fields[n + 2] = 'v', '' end -- the cached view (submit_fast)
   redis.call('HSET', c.task, unpack(fields))
   hist_push_after(c.hist, c.cap, before, hist_err(c.now, result, r.runId, r.stage, '', r.owner, r.token, err))
   redis.call('ZADD', c.index, c.now, r.key)
@@ -500,7 +500,8 @@ end
 -- request that changes nothing reads a few fields instead of every view
 -- field (on a record of ~20 fields an HMGET of all of them costs more than
 -- the rest of the request). Every script that writes a view field also
--- writes 'v' = '' in the same HSET. The cache is used only while its stamp
+-- clears 'v' in the same HSET when it holds a view (a script that read
+-- it; the others write 'v' = '' unread). The cache is used only while its stamp
 -- (V_TAG, runId, status, updatedAt) still matches the record — every write
 -- of a view field sets updatedAt, in this version and before it —, so a
 -- writer that does not clear it (an older version during a rolling deploy)
@@ -785,8 +786,12 @@ local function claim_entry(c, task, lease_key, hist, lane, entry_id, run_id, sou
     ack_entry(c.q, entry_id)
     return {'ack'}
   end
-  local holder = redis.call('GET', lease_key)
-  if holder then
+  -- The lease is taken first, with the key's next fencing token: one SET NX
+  -- where a GET and a SET were two. A branch below that grants nothing
+  -- drops it again (in this script: nobody sees it).
+  local token = next_token(rec[6], c.now_us)
+  if not redis.call('SET', lease_key, lease_value(token, owner), 'NX', 'PX', ttl) then
+    local holder = redis.call('GET', lease_key) or ''
     local pttl = redis.call('PTTL', lease_key)
     -- Make the entry reclaimable the moment the lease would expire, not a
     -- whole idle period later; a live holder's heartbeat moves it on.
@@ -795,6 +800,7 @@ local function claim_entry(c, task, lease_key, hist, lane, entry_id, run_id, sou
   end
   -- A cancel (or replace) ends the run at once, even during its retry backoff.
   if rec[3] == '1' then
+    redis.call('DEL', lease_key)
     finish_terminal(claim_ending(c, task, hist, next_run_id, def_stages, def_max, run_id), 'cancelled', 'cancelled')
     publish_view(task, c.channel, c.watch)
     return {'ack'}
@@ -802,6 +808,7 @@ local function claim_entry(c, task, lease_key, hist, lane, entry_id, run_id, sou
   -- nextAttemptAt is set only while retrying (the claim clears it)
   local next_at = status == 'retrying' and redis.call('HGET', task, 'nextAttemptAt')
   if next_at and tonumber(next_at) and tonumber(next_at) > tonumber(now) then
+    redis.call('DEL', lease_key)
     return {'busy', '', tonumber(next_at) - now}
   end
   -- A paused scope: nobody claims its runs. The entry is acknowledged (so
@@ -810,6 +817,7 @@ local function claim_entry(c, task, lease_key, hist, lane, entry_id, run_id, sou
   -- an expired lease, or retrying, and is claimed as such after resume.
   local is_paused, scope, subject = scope_paused(c.paused, task)
   if is_paused then
+    redis.call('DEL', lease_key)
     ack_entry(c.q, entry_id)
     redis.call('ZADD', c.parked, 0, scope .. ' ' .. subject)
     redis.call('HSET', task, 'entry', '', 'prun', run_id, 'psrc', source, 'plane', lane,
@@ -833,6 +841,7 @@ local function claim_entry(c, task, lease_key, hist, lane, entry_id, run_id, sou
     end
   end
   if missing then
+    redis.call('DEL', lease_key)
     local why
     if missing == '' then
       why = 'waiting for a runner that defines this job (' .. owner .. ' does not)'
@@ -852,13 +861,12 @@ local function claim_entry(c, task, lease_key, hist, lane, entry_id, run_id, sou
     -- paused or was cut off.
     hist_push(hist, c.cap, hist_ev(now, 'lease-lost', run_id, '', '', '', redis.call('HGET', task, 'owner'), rec[6]))
     if attempt >= max_attempts then
+      redis.call('DEL', lease_key)
       finish_terminal(claim_ending(c, task, hist, next_run_id, def_stages, def_max, run_id), 'failed', 'lease expired on the last attempt (' .. attempt .. ' of ' .. max_attempts .. ')')
       publish_view(task, c.channel, c.watch)
       return {'ack'}
     end
   end
-  local token = next_token(rec[6], c.now_us)
-  redis.call('SET', lease_key, lease_value(token, owner), 'PX', ttl)
   -- Hand the record to the new holder: the run keeps its completed stages
   -- and cursor, so a recovered run resumes.
   local done, cursor = tonumber(rec[9]) or 0, rec[11] or ''
@@ -866,8 +874,15 @@ local function claim_entry(c, task, lease_key, hist, lane, entry_id, run_id, sou
   local attempt_now = attempt + 1
   local sources = list_add(rec[7], source)
   local started = rec[12]
+  -- Only what changes is written (a field written costs more than one read):
+  -- the entry is usually the one the submit wrote, and the record's lane
+  -- matters only while the run is queued (promotion), so the claim leaves it.
   local fields = {'status', 'running', 'stage', stage, 'owner', owner, 'token', tok_str(token),
-    'updatedAt', now, 'attempt', attempt_now, 'entry', entry_id, 'lane', lane}
+    'updatedAt', now, 'attempt', attempt_now}
+  if rec[13] ~= entry_id then
+    fields[#fields + 1] = 'entry'
+    fields[#fields + 1] = entry_id
+  end
   if sources ~= rec[7] then
     fields[#fields + 1] = 'sources'
     fields[#fields + 1] = sources
@@ -885,8 +900,10 @@ local function claim_entry(c, task, lease_key, hist, lane, entry_id, run_id, sou
     fields[#fields + 1] = 'waiting'
     fields[#fields + 1] = ''
   end
-  fields[#fields + 1] = 'v' -- the cached view (lib.lua submit_fast)
-  fields[#fields + 1] = ''
+  if rec[14] and rec[14] ~= '' then
+    fields[#fields + 1] = 'v' -- the cached view (lib.lua submit_fast)
+    fields[#fields + 1] = ''
+  end
   redis.call('HSET', task, unpack(fields))
   -- 'recovered' is reserved for crash recovery (the lease expired while
   -- running); a retry or a handed-back run is 'started' again, with its
