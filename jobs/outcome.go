@@ -37,18 +37,16 @@ func (r *Runner) finish(job *Job, e entry, lease leasing.Lease, result, complete
 	// shutdown); it is bounded by the lease instead.
 	ctx, cancel := context.WithTimeout(context.Background(), lease.TTL)
 	defer cancel()
-	followUp := newRunID() // the id of a queued follow-up, if this finish starts one
-	keys := make([]string, 0, 14)
-	keys = append(keys, ks.Task(k), ks.Lease(k), ks.History(k), ks.Index(p), ks.Retry(p), ks.Watch(p))
-	keys = append(keys, ks.QueueKeys(p)...)
-	keys = append(keys, ks.Paused(p), ks.Parked(p))
-	fin := &scriptCall{script: r.reg.scripts.finish, keys: keys,
+	// The script derives the partition's keys from the record's hash tag.
+	fin := &scriptCall{script: r.reg.scripts.finish, keys: []string{ks.Task(k), ks.Lease(k), ks.History(k)},
 		args: []any{lease.Owner, lease.Token, runID, result, completed, errText, delay.Milliseconds(), r.reclaimIdle.Milliseconds(),
-			r.reg.histCap, ks.Events(p), r.reg.retention.Milliseconds(), followUp,
-			r.reg.stagesCSV[job.Scope], job.Retry.MaxAttempts, read, first.Letter(), k.String(), entryID,
-			r.leaseTTL(job.Scope).Milliseconds()}}
+			r.reg.histCap, r.reg.retention.Milliseconds(), r.reg.stagesCSV[job.Scope], job.Retry.MaxAttempts,
+			read, first.Letter(), entryID, r.leaseTTL(job.Scope).Milliseconds()}}
 	if r.reg.tracer != nil {
+		// the follow-up's id names its trace links; untraced, the script derives it
+		followUp := newRunID()
 		fin.keys = append(fin.keys, ks.FollowUpLinks(k), ks.Links(k, followUp))
+		fin.args = append(fin.args, followUp)
 	}
 	sent := time.Now() // a claim of the entry taken counts its lease from here
 	res, err := evalOne(ctx, r.reg.gc, fin)

@@ -1,33 +1,34 @@
 -- finish: end an attempt, fenced. Releases the lease, acknowledges the
 -- request entry and records the result in one script, so a key is never left
 -- blocked by a lease, record or entry without the others.
--- KEYS[1] task record   KEYS[2] lease   KEYS[3] history   KEYS[4] partition index
--- KEYS[5] partition retry queue
--- KEYS[6] partition watch key (views are published only while it exists)
--- KEYS[7..10] the partition's queue keys (lib.lua queue_at)
--- KEYS[11] partition's paused scopes   KEYS[12] partition's parked runs
---          (for the claim of the entry taken, see below)
--- KEYS[13], KEYS[14] (only when tracing is on) the key's follow-up trace
+-- KEYS[1] task record   KEYS[2] lease   KEYS[3] history
+-- KEYS[4], KEYS[5] (only when tracing is on) the key's follow-up trace
 --          links (requests merged into its next run, see submit.lua) and
---          the links of the follow-up run ARGV[12]: a follow-up started here
+--          the links of the follow-up run ARGV[17]: a follow-up started here
 --          takes the first as the second
+-- The partition's keys (index, retry queue, watch key, queue keys, paused
+-- scopes, parked runs, events channel) are derived from KEYS[1]'s hash tag
+-- (lib.lua tag_of): 3 keys declared instead of 12.
 -- ARGV[1] owner   ARGV[2] token   ARGV[3] runId
 -- ARGV[4] result: done | failed | cancelled | retry | handback
 -- ARGV[5] stage completed by this call ("" if none)   ARGV[6] error text
 -- ARGV[7] retry delay (ms)   ARGV[8] reclaim idle (ms): entries read here
 --          become reclaimable that long from now   ARGV[9] history cap
--- ARGV[10] events channel   ARGV[11] retention (ms)   ARGV[12] follow-up run id
--- ARGV[13] the job's stages here (comma list) and ARGV[14] its maxAttempts:
+-- ARGV[10] retention (ms)
+-- ARGV[11] the job's stages here (comma list) and ARGV[12] its maxAttempts:
 --          the definition a follow-up run takes
 -- A retry of a run whose cancel flag is set (a cancel or replace that landed
 -- while this attempt was failing) ends it as cancelled at once instead of
 -- waiting out the backoff.
--- ARGV[15] entries to take for the slot this attempt frees (0 or more), from
---          this partition's lanes, ARGV[16] first ('p' people first, 'b'
+-- ARGV[13] entries to take for the slot this attempt frees (0 or more), from
+--          this partition's lanes, ARGV[14] first ('p' people first, 'b'
 --          bulk first): see read_lanes
--- ARGV[17] task key   ARGV[18] the run's request entry: what the holder's
---          claim wrote to the record, passed instead of read
--- ARGV[19] the job's lease TTL (ms), for the claim of the entry taken
+-- ARGV[15] the run's request entry: what the holder's claim wrote to the
+--          record, passed instead of read
+-- ARGV[16] the job's lease TTL (ms), for the claim of the entry taken
+-- ARGV[17] (only when tracing is on) the follow-up run id, which names
+--          KEYS[5]; without it a follow-up's id is derived from the ended
+--          run's (lib.lua claim_ending)
 -- returns {1, status after}   {0, ''} not held   {-1, ''} ARGV[5] is not the
 -- current stage — each followed by the entries taken. When the call takes
 -- one entry and it is a run of the same job, the call also claims it for
@@ -35,17 +36,21 @@
 -- TTL): the entry is followed by its claim reply (see claim.lua), and the
 -- slot's next run costs no claim call. Its record, lease and history keys
 -- are derived from the entry's task key and this key's partition tag: the
--- one exception to "every key in KEYS", in the slot of the declared keys.
+-- exception to "every key in KEYS" with the partition's keys, in the slot
+-- of the declared keys.
 -- Cost of a done run: GET lease, HMGET of 10 fields (a retry or
 -- hand-back reads 3 more, a follow-up's start 3 more), TIME, DEL lease, ZREM taken, HSET,
 -- RPUSH (the stage and the result events together), ZADD index, PEXPIRE x2,
 -- EXISTS watch; the read adds LPOP per lane until it has its entries, ZADD
 -- taken, and LLEN per lane (plus the bell's) when it took all it asked
 -- for — instead of a separate read's round trip.
-local queue = queue_at(KEYS, 7)
+local task, lease_key, hist = KEYS[1], KEYS[2], KEYS[3]
+local tag = tag_of(task)
+local key = string.sub(task, #tag + 7) -- KEYS[1] is <tag>:task:<key>
+local queue = queue_of(tag)
+local index, watch, events = tag .. ':index', tag .. ':watch', tag .. ':events'
 
 local function finish()
-  local task, lease_key, hist = KEYS[1], KEYS[2], KEYS[3]
   local owner, token, run_id, result, cap = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[9]
   if redis.call('GET', lease_key) ~= lease_value(token, owner) then return {0, ''} end
   -- the record fields every finish reads (the fence, the completed stage's
@@ -60,7 +65,7 @@ local function finish()
   if v[1] ~= run_id or v[2] ~= token then return {0, ''} end
   local r = {runId = v[1], token = v[2], stage = v[3] or nil, stages = v[4] or nil, done = v[5] or nil,
     followUp = v[6] or nil, cancel = v[7] or nil, lastError = v[8] or nil, v = v[10] or nil,
-    key = ARGV[17], entry = ARGV[18], owner = owner, partial = true}
+    key = key, entry = ARGV[15], owner = owner, partial = true}
   local now, now_us = clock()
   local before = nil -- the completed stage's event, appended with the result's
   local upd = nil    -- the completed stage's checkpoint fields, written with the result's
@@ -93,7 +98,7 @@ local function finish()
     ack_entry(queue, r.entry)
     redis.call('HSET', task, unpack(with_fields({'status', 'retrying', 'nextAttemptAt', due, 'lastError', ARGV[6],
       'entry', '', 'updatedAt', now, 'v', ''}, upd)))
-    redis.call('ZADD', KEYS[5], due, run_id .. ' ' .. r.key)
+    redis.call('ZADD', tag .. ':retry', due, run_id .. ' ' .. r.key)
     hist_push_after(hist, cap, before, hist_err(now, 'retry-scheduled', run_id, r.stage,
       'attempt ' .. attempt .. ' of ' .. max_attempts, owner, token, ARGV[6]))
   elseif result == 'handback' then
@@ -109,39 +114,41 @@ local function finish()
       'updatedAt', now, 'v', ''}, upd)))
     hist_push_after(hist, cap, before, hist_ev(now, 'handed-back', run_id, '', r.stage, '', owner, token))
   else
-    finish_terminal({task = task, q = queue, hist = hist, index = KEYS[4], cap = cap,
-      retention = ARGV[11], next_run_id = ARGV[12], stages = ARGV[13],
-      max_attempts = ARGV[14], now = now, extra = upd, links_from = KEYS[13], links_to = KEYS[14]}, result, ARGV[6], r,
+    local next_run_id = ARGV[17] -- nil (untraced): derived if a follow-up starts
+    if next_run_id == '' then next_run_id = nil end
+    finish_terminal({task = task, q = queue, hist = hist, index = index, cap = cap,
+      retention = ARGV[10], next_run_id = next_run_id, stages = ARGV[11],
+      max_attempts = ARGV[12], now = now, extra = upd, links_from = KEYS[4], links_to = KEYS[5]}, result, ARGV[6], r,
       before)
   end
-  publish_view(task, ARGV[10], KEYS[6])
+  publish_view(task, events, watch)
   if result == 'retry' then return {1, 'retrying'}, now, now_us end
   if result == 'handback' then return {1, 'queued'}, now, now_us end
-  if r.followUp == '1' and ARGV[12] ~= '' then return {1, 'queued'}, now, now_us end
+  if r.followUp == '1' then return {1, 'queued'}, now, now_us end
   return {1, result}, now, now_us
 end
 
 -- claim_taken claims the one entry the call took (out[3]) when it is a run
 -- of this job, appending the claim's reply.
 local function claim_taken(out, now, now_us)
-  local e, key = out[3], ARGV[17]
+  local e = out[3]
   local run_id, next_key, scope, source = entry_parts(e)
   if not run_id then return end -- not tasklease's: the caller drops it
   local bar = string.find(key, '|', 1, true)
   if scope ~= string.sub(key, bar + 1) then
     return -- another job: the caller claims it with that job's definition
   end
-  local tag = string.sub(KEYS[1], 1, #KEYS[1] - #key - 6) -- KEYS[1] is <tag>:task:<key>
-  local c = {owner = ARGV[1], cap = ARGV[9], channel = ARGV[10], retention = ARGV[11], index = KEYS[4],
-    watch = KEYS[6], q = queue, parked = KEYS[12], paused = paused_scopes(KEYS[11]), now = now, now_us = now_us}
-  out[4] = claim_in_slot(c, tag, e, run_id, next_key, source, ARGV[19], '', ARGV[13], ARGV[14])
+  local c = {owner = ARGV[1], cap = ARGV[9], channel = events, retention = ARGV[10], index = index,
+    watch = watch, q = queue, parked = tag .. ':parked', paused = paused_scopes(tag .. ':paused'), now = now,
+    now_us = now_us}
+  out[4] = claim_in_slot(c, tag, e, run_id, next_key, source, ARGV[16], '', ARGV[11], ARGV[12])
 end
 
 local out, now, now_us = finish()
-local n = tonumber(ARGV[15]) or 0
+local n = tonumber(ARGV[13]) or 0
 if n > 0 then
   if not now then now, now_us = clock() end
-  read_lanes(out, queue, ARGV[16] == 'b' and 'b' or 'p', n, now + tonumber(ARGV[8]))
+  read_lanes(out, queue, ARGV[14] == 'b' and 'b' or 'p', n, now + tonumber(ARGV[8]))
   if n == 1 and #out == 3 then claim_taken(out, now, now_us) end
 end
 return out

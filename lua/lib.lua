@@ -297,6 +297,19 @@ local function queue_at(keys, i)
   return {b = keys[i], p = keys[i + 1], bell = keys[i + 2], taken = keys[i + 3]}
 end
 
+-- tag_of is the partition hash tag a key starts with ("{<prefix>:p<n>}",
+-- keyspace.Space.Tag). A script that declares only a run's keys derives its
+-- partition's keys from it with queue_of and the names keyspace.New gives
+-- them (jobs.TestLuaDerivesKeyspaceNames pins both): in the slot of the
+-- declared keys, so Redis Cluster routes and allows them, and each name
+-- derived costs a concatenation instead of an argument parsed and copied.
+local function tag_of(key) return string.sub(key, 1, (string.find(key, '}', 1, true))) end
+
+-- queue_of is queue_at's table from a partition's hash tag.
+local function queue_of(tag)
+  return {b = tag .. ':q:b', p = tag .. ':q:p', bell = tag .. ':bell', taken = tag .. ':taken'}
+end
+
 -- ring wakes one idle runner of the partition (one token at most).
 local function ring(q)
   if redis.call('LLEN', q.bell) == 0 then redis.call('RPUSH', q.bell, '1') end
@@ -359,6 +372,13 @@ local function new_run(r)
   return id
 end
 
+-- follow_up_id is the run id of the follow-up of run run_id when the caller
+-- sent none: a run ends once, so it is as unique as a random one, and
+-- callers need not send an id for this rare case.
+local function follow_up_id(run_id)
+  return string.sub(redis.sha1hex('follow-up of ' .. run_id), 1, 24)
+end
+
 -- FT_FIELDS are the record fields finish_terminal reads when its caller
 -- passes no record (ft_read).
 local FT_FIELDS = {'entry', 'runId', 'key', 'followUp', 'followUpSources', 'stages', 'maxAttempts',
@@ -397,7 +417,8 @@ local CLAIM_READ = {'runId', 'status', 'cancel', 'attempt', 'maxAttempts', 'toke
 -- A field the caller knows to be empty may be left out (a holder's finish:
 -- nextAttemptAt and waiting are cleared by the claim).
 -- before: an encoded event appended just before the result's (or nil).
--- c: {task, q, hist, index, cap, retention, next_run_id,
+-- c: {task, q, hist, index, cap, retention, next_run_id (the follow-up's id:
+--     '' starts none, nil derives one with follow_up_id),
 --     stages, max_attempts, now, extra (more record fields to write, or nil),
 --     links_from and links_to (or nil): the trace links of the requests
 --     queued behind the run become the follow-up's (a new run: nothing
@@ -432,6 +453,7 @@ local function finish_terminal(c, result, err, r, before)
   hist_push_after(c.hist, c.cap, before, hist_err(c.now, result, r.runId, r.stage, '', r.owner, r.token, err))
   redis.call('ZADD', c.index, c.now, r.key)
   if r.followUp == '1' and c.next_run_id ~= '' then
+    local next_run_id = c.next_run_id or follow_up_id(r.runId)
     if r.partial then ft_read(c.task, FT_FOLLOW_UP, r) end
     local srcs = r.followUpSources
     local first = list_at(srcs, 1)
@@ -439,9 +461,9 @@ local function finish_terminal(c, result, err, r, before)
     local stages, max_attempts = r.stages, r.maxAttempts
     if c.stages and c.stages ~= '' then stages, max_attempts = c.stages, c.max_attempts end
     new_run({task = c.task, q = c.q, hist = c.hist, key = r.key,
-      run_id = c.next_run_id, stages = stages, max_attempts = max_attempts, sources = srcs, source = first,
+      run_id = next_run_id, stages = stages, max_attempts = max_attempts, sources = srcs, source = first,
       now = c.now, exists = true, co = r.co})
-    hist_push(c.hist, c.cap, hist_ev(c.now, 'requested', c.next_run_id, first, '', 'started'))
+    hist_push(c.hist, c.cap, hist_ev(c.now, 'requested', next_run_id, first, '', 'started'))
     if c.links_from and redis.call('EXISTS', c.links_from) == 1 then redis.call('RENAME', c.links_from, c.links_to) end
   elseif tonumber(c.retention) > 0 then
     redis.call('PEXPIRE', c.task, c.retention)
@@ -760,11 +782,9 @@ local function scope_paused(paused, task)
 end
 
 -- claim_ending is what finish_terminal needs when a claim ends a run (rare).
--- A follow-up's run id '' is derived from the ended run's: a run ends once,
--- so it is as unique as a random one, and callers need not send an id per
--- entry for this rare case.
+-- A follow-up's run id '' is derived from the ended run's (follow_up_id).
 local function claim_ending(c, task, hist, next_run_id, def_stages, def_max, run_id)
-  if next_run_id == '' then next_run_id = string.sub(redis.sha1hex('follow-up of ' .. run_id), 1, 24) end
+  if next_run_id == '' then next_run_id = follow_up_id(run_id) end
   return {task = task, q = c.q, hist = hist, index = c.index, cap = c.cap, retention = c.retention,
     next_run_id = next_run_id, stages = def_stages, max_attempts = def_max, now = c.now}
 end
