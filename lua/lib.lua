@@ -300,7 +300,7 @@ end
 -- tag_of is the partition hash tag a key starts with ("{<prefix>:p<n>}",
 -- keyspace.Space.Tag). A script that declares only a run's keys derives its
 -- partition's keys from it with queue_of and the names keyspace.New gives
--- them (jobs.TestLuaDerivesKeyspaceNames pins both): in the slot of the
+-- them (TestLuaDerivesKeyspaceNames, lua/keys_test.go, pins them): in the slot of the
 -- declared keys, so Redis Cluster routes and allows them, and each name
 -- derived costs a concatenation instead of an argument parsed and copied.
 local function tag_of(key) return string.sub(key, 1, (string.find(key, '}', 1, true))) end
