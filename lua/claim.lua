@@ -24,7 +24,7 @@
 --   {'granted', token, done, cursor, attempt, stages, sources, startedAt, prevStatus}
 -- The fencing counter is the record's 'token': a grant takes
 -- max(token + 1, Redis TIME µs) (next_token), so no separate counter key.
--- Cost of a grant: HMGET of 14 fields (CLAIM_READ; a retry's due time
+-- Cost of a grant: HMGET of 13 fields (CLAIM_READ; a retry's due time
 -- and a crashed holder's owner are read only then), TIME, SET NX lease,
 -- HSET of what changed, RPUSH, EXISTS watch (the entry stays in the taken set as
 -- the read scored it: the holder's heartbeat moves it on);

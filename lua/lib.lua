@@ -402,7 +402,7 @@ local FT_FOLLOW_UP = {'followUpSources', 'co', 'maxAttempts'}
 -- order of its rec[] indices (a retry's due time and a crashed holder's
 -- owner are read only then).
 local CLAIM_READ = {'runId', 'status', 'cancel', 'attempt', 'maxAttempts', 'token', 'sources', 'stages', 'done',
-  'waiting', 'cursor', 'startedAt', 'entry', 'v'}
+  'waiting', 'cursor', 'startedAt', 'v'}
 
 -- finish_terminal ends the current run as done, failed or cancelled: it
 -- acknowledges its request, records the result, and starts the queued
@@ -894,15 +894,12 @@ local function claim_entry(c, task, lease_key, hist, lane, entry_id, run_id, sou
   local attempt_now = attempt + 1
   local sources = list_add(rec[7], source)
   local started = rec[12]
-  -- Only what changes is written (a field written costs more than one read):
-  -- the entry is usually the one the submit wrote, and the record's lane
-  -- matters only while the run is queued (promotion), so the claim leaves it.
+  -- Only what changes is written (a field written costs more than one
+  -- read). The record's lane matters only while the run is queued
+  -- (promotion), so the claim leaves it; the entry is written unread
+  -- (reading it to skip an equal write saved nothing).
   local fields = {'status', 'running', 'stage', stage, 'owner', owner, 'token', tok_str(token),
-    'updatedAt', now, 'attempt', attempt_now}
-  if rec[13] ~= entry_id then
-    fields[#fields + 1] = 'entry'
-    fields[#fields + 1] = entry_id
-  end
+    'updatedAt', now, 'attempt', attempt_now, 'entry', entry_id}
   if sources ~= rec[7] then
     fields[#fields + 1] = 'sources'
     fields[#fields + 1] = sources
@@ -920,7 +917,7 @@ local function claim_entry(c, task, lease_key, hist, lane, entry_id, run_id, sou
     fields[#fields + 1] = 'waiting'
     fields[#fields + 1] = ''
   end
-  if rec[14] and rec[14] ~= '' then
+  if rec[13] and rec[13] ~= '' then
     fields[#fields + 1] = 'v' -- the cached view (lib.lua submit_fast)
     fields[#fields + 1] = ''
   end
