@@ -21,6 +21,7 @@ const e2eTimeout = 10 * time.Minute
 type e2eResult struct {
 	rate        float64 // runs/s, first submit → all recorded done in Redis
 	redisCPUus  float64 // Redis used_cpu_user+sys
+	redisSysUs  float64 // of it, used_cpu_sys
 	redisCalls  float64 // INFO commandstats calls (script commands included)
 	redisInstr  float64 // instructions Redis executed (--callgrind only)
 	roundTrips  float64 // client round trips of this system's client
@@ -50,8 +51,8 @@ func (b *bench) e2e(rep, stages int) error {
 		return fmt.Errorf("asynq: %w", err)
 	}
 	b.rep.add2(name+"_per_s", tl.rate, as.rate)
-	b.progress("%s rep %d: tasklease %.0f runs/s (redis %.1f µs, %.1f calls, %.2f round trips per run), asynq %.0f runs/s (redis %.1f µs, %.1f calls, %.2f round trips per run)",
-		name, rep, tl.rate, tl.redisCPUus, tl.redisCalls, tl.roundTrips, as.rate, as.redisCPUus, as.redisCalls, as.roundTrips)
+	b.progress("%s rep %d: tasklease %.0f runs/s (redis %.1f µs of which sys %.1f, %.1f calls, %.2f round trips per run), asynq %.0f runs/s (redis %.1f µs of which sys %.1f, %.1f calls, %.2f round trips per run)",
+		name, rep, tl.rate, tl.redisCPUus, tl.redisSysUs, tl.redisCalls, tl.roundTrips, as.rate, as.redisCPUus, as.redisSysUs, as.redisCalls, as.roundTrips)
 	if !oneStage {
 		b.rep.add2(name+"_redis_cpu_us_per_run", tl.redisCPUus, as.redisCPUus)
 		b.rep.add2(name+"_redis_calls_per_run", tl.redisCalls, as.redisCalls)
@@ -134,6 +135,7 @@ func (m *meter) stop(n int) (e2eResult, error) {
 		redisInstr: float64(instr) / per,
 		rate:       per / elapsed.Seconds(),
 		redisCPUus: float64((snap.cpu - m.srv.cpu).Microseconds()) / per,
+		redisSysUs: float64((snap.sys - m.srv.sys).Microseconds()) / per,
 		redisCalls: float64(snap.calls-m.srv.calls) / per,
 		roundTrips: float64(trips) / per,
 		benchCPUus: float64(proc.Microseconds()) / per,

@@ -262,6 +262,7 @@ func info(ctx context.Context, rdb redis.UniversalClient, section string) (map[s
 // the server's CPU time and the commands it executed.
 type serverSnapshot struct {
 	cpu   time.Duration // used_cpu_user + used_cpu_sys
+	sys   time.Duration // used_cpu_sys alone: the kernel's share (socket I/O)
 	calls int64         // sum of calls over INFO commandstats
 }
 
@@ -281,6 +282,9 @@ func takeSnapshot(ctx context.Context, rdb redis.UniversalClient) (serverSnapsho
 			return s, fmt.Errorf("INFO cpu %s=%q: %w", k, cpu[k], err)
 		}
 		s.cpu += time.Duration(f * float64(time.Second))
+		if k == "used_cpu_sys" {
+			s.sys = time.Duration(f * float64(time.Second))
+		}
 	}
 	stats, err := info(ctx, rdb, "commandstats")
 	if err != nil {

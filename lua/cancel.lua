@@ -10,18 +10,18 @@
 -- ARGV[3] cancel channel (payload "<task key> <runId>")   ARGV[4] retention (ms)   ARGV[5] requester source
 -- returns 'cancelled' | 'cancelling' | 'not_running'
 local task = KEYS[1]
-local rec = redis.call('HMGET', task, 'status', 'runId', 'key')
+local rec = rcall('HMGET', task, 'status', 'runId', 'key')
 local status = rec[1]
 if not (status == 'queued' or status == 'running' or status == 'retrying') then return 'not_running' end
 local now = now_ms()
-redis.call('HSET', task, 'followUp', '0', 'followUpSources', '', 'v', '')
+rcall('HSET', task, 'followUp', '0', 'followUpSources', '', 'v', '')
 if status == 'running' then
-  redis.call('HSET', task, 'cancel', '1', 'updatedAt', now, 'v', '')
+  rcall('HSET', task, 'cancel', '1', 'updatedAt', now, 'v', '')
   publish_view(task, ARGV[2], KEYS[5])
-  redis.call(PUBLISH_CMD, ARGV[3], cancel_payload(rec[3], rec[2]))
+  rcall(PUBLISH_CMD, ARGV[3], cancel_payload(rec[3], rec[2]))
   return 'cancelling'
 end
-redis.call('ZREM', KEYS[4], rec[2] .. ' ' .. rec[3])
+rcall('ZREM', KEYS[4], rec[2] .. ' ' .. rec[3])
 finish_terminal({task = task, q = queue_at(KEYS, 6), hist = KEYS[2], index = KEYS[3],
   cap = ARGV[1], retention = ARGV[4], next_run_id = '', now = now}, 'cancelled', 'cancelled by ' .. ARGV[5])
 publish_view(task, ARGV[2], KEYS[5])

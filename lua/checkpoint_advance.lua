@@ -9,13 +9,13 @@
 --         {-1}  the stage is not the run's current stage
 -- Fenced as fenced() does, with the record read once.
 if not lease_held(KEYS[1], ARGV[1], ARGV[2]) then return {0} end
-local rec = redis.call('HMGET', KEYS[2], 'runId', 'token', 'stages', 'done')
+local rec = rcall('HMGET', KEYS[2], 'runId', 'token', 'stages', 'done')
 if rec[1] ~= ARGV[3] or rec[2] ~= ARGV[2] then return {0} end
-local done = tonumber(rec[4]) or 0
+local done = tonum(rec[4]) or 0
 if list_at(rec[3], done + 1) ~= ARGV[4] then return {-1} end
 local nxt = list_at(rec[3], done + 2)
 local now = now_ms()
-redis.call('HSET', KEYS[2], 'done', done + 1, 'stage', nxt, 'cursor', '', 'updatedAt', now, 'v', '')
+rcall('HSET', KEYS[2], 'done', int_str(done + 1), 'stage', nxt, 'cursor', '', 'updatedAt', now, 'v', '')
 hist_push(KEYS[3], ARGV[5], hist_ev(now, 'stage', ARGV[3], '', ARGV[4], 'done', ARGV[1], ARGV[2]))
 publish_view(KEYS[2], ARGV[6], KEYS[4])
 return {1, nxt}

@@ -9,9 +9,9 @@
 --         {0} when the lease is not held
 if not lease_held(KEYS[1], ARGV[1], ARGV[2]) then return {0} end
 local now = now_ms()
-redis.call('HSET', KEYS[2], 'key', ARGV[7], 'subject', ARGV[8], 'scope', ARGV[9])
+rcall('HSET', KEYS[2], 'key', ARGV[7], 'subject', ARGV[8], 'scope', ARGV[9])
 local done, stage, cursor, attempt = cp_begin(KEYS[2], ARGV[3], ARGV[4], ARGV[1], ARGV[2], now)
 hist_push(KEYS[3], ARGV[5], hist_ev(now, 'started', ARGV[3], '', stage, '', ARGV[1], ARGV[2]))
 publish_view(KEYS[2], ARGV[6], KEYS[4])
-local rec = redis.call('HMGET', KEYS[2], 'stages', 'startedAt', 'updatedAt')
+local rec = rcall('HMGET', KEYS[2], 'stages', 'startedAt', 'updatedAt')
 return {1, done, stage, cursor, attempt, rec[1], rec[2], rec[3]}

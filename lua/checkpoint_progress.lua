@@ -7,8 +7,8 @@
 -- returns 1 saved, 0 not held
 if not fenced(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3]) then return 0 end
 local now = now_ms()
-redis.call('HSET', KEYS[2], 'cursor', ARGV[4], 'updatedAt', now, 'v', '')
-local stage = redis.call('HGET', KEYS[2], 'stage')
+rcall('HSET', KEYS[2], 'cursor', ARGV[4], 'updatedAt', now, 'v', '')
+local stage = rcall('HGET', KEYS[2], 'stage')
 hist_push(KEYS[3], ARGV[5], hist_ev(now, 'progress', ARGV[3], '', stage, '', ARGV[1], ARGV[2]))
 publish_view(KEYS[2], ARGV[6], KEYS[4])
 return 1

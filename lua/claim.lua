@@ -31,7 +31,7 @@
 -- plus one SMEMBERS of the paused set per call (an empty set while nothing is
 -- paused: the only cost of pause on the hot path).
 local now, now_us = clock()
-local c = {owner = ARGV[1], cap = ARGV[2], channel = ARGV[3], retention = ARGV[4], index = KEYS[1], watch = KEYS[2],
+local c = {owner = ARGV[1], cap = ARGV[2], pub = publisher(ARGV[3], KEYS[2]), retention = ARGV[4], index = KEYS[1],
   q = queue_at(KEYS, 3), parked = KEYS[8], paused = paused_scopes(KEYS[7]), now = now, now_us = now_us}
 local out = {}
 for i = 1, (#KEYS - 8) / 3 do

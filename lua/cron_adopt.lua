@@ -14,24 +14,24 @@
 -- returns {'none'} | {'done', occ} | {'fenced', term}
 --   | {'abandoned', occ, submitted, duplicates}
 --   | {'adopted', occ, part, cursor, index, submitted, duplicates, batches, restarted (0|1)}
-local st = redis.call('HMGET', KEYS[1], 'occ', 'term', 'done', 'spec', 'part', 'cursor', 'index',
+local st = rcall('HMGET', KEYS[1], 'occ', 'term', 'done', 'spec', 'part', 'cursor', 'index',
   'submitted', 'duplicates', 'batches', 'startedAt')
 if not st[1] then return {'none'} end
 if st[3] ~= '0' then return {'done', st[1]} end
-if tonumber(st[2]) > tonumber(ARGV[2]) then return {'fenced', st[2]} end
+if tonum(st[2]) > tonum(ARGV[2]) then return {'fenced', st[2]} end
 local now = now_ms()
-if now - tonumber(st[11]) > tonumber(ARGV[4]) then
-  redis.call('HSET', KEYS[1], 'done', '1', 'abandoned', '1', 'finishedAt', tok_str(now), 'updatedAt', tok_str(now))
+if now - tonum(st[11]) > tonum(ARGV[4]) then
+  rcall('HSET', KEYS[1], 'done', '1', 'abandoned', '1', 'finishedAt', tok_str(now), 'updatedAt', tok_str(now))
   return {'abandoned', st[1], st[8], st[9]}
 end
 local restarted = '0'
 if st[4] ~= ARGV[3] then
   restarted = '1'
   st[5], st[6], st[7] = '0', '0', '0'
-  redis.call('HSET', KEYS[1], 'spec', ARGV[3], 'part', '0', 'cursor', '0', 'index', '0')
+  rcall('HSET', KEYS[1], 'spec', ARGV[3], 'part', '0', 'cursor', '0', 'index', '0')
 end
 if st[2] ~= ARGV[2] then
-  redis.call('HINCRBY', KEYS[1], 'resumes', 1)
+  rcall('HINCRBY', KEYS[1], 'resumes', 1)
 end
-redis.call('HSET', KEYS[1], 'term', ARGV[2], 'owner', ARGV[1], 'updatedAt', tok_str(now))
+rcall('HSET', KEYS[1], 'term', ARGV[2], 'owner', ARGV[1], 'updatedAt', tok_str(now))
 return {'adopted', st[1], st[5], st[6], st[7], st[8], st[9], st[10], restarted}

@@ -22,20 +22,20 @@
 -- ARGV[4] expiry of both keys (ms)   ARGV[5] claim id (unique per fire)
 -- ARGV[6] subjects spec (fingerprint of the schedule's scope and subjects)
 -- returns {'claimed'} | {'duplicate', holder} | {'fenced', term} | {'busy', occurrence}
-local st = redis.call('HMGET', KEYS[2], 'occ', 'term', 'done', 'claim', 'owner')
-local holder = redis.call('GET', KEYS[1])
+local st = rcall('HMGET', KEYS[2], 'occ', 'term', 'done', 'claim', 'owner')
+local holder = rcall('GET', KEYS[1])
 if holder then
   if st[1] == ARGV[3] and st[4] == ARGV[5] and st[3] == '0' then return {'claimed'} end
   return {'duplicate', holder}
 end
-if st[2] and tonumber(st[2]) > tonumber(ARGV[2]) then return {'fenced', st[2]} end
-if st[1] and tonumber(st[1]) >= tonumber(ARGV[3]) then return {'duplicate', st[5] or ''} end
+if st[2] and tonum(st[2]) > tonum(ARGV[2]) then return {'fenced', st[2]} end
+if st[1] and tonum(st[1]) >= tonum(ARGV[3]) then return {'duplicate', st[5] or ''} end
 if st[3] == '0' then return {'busy', st[1]} end
 local now = tok_str(now_ms())
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[4])
-redis.call('DEL', KEYS[2])
-redis.call('HSET', KEYS[2], 'occ', ARGV[3], 'claim', ARGV[5], 'owner', ARGV[1], 'term', ARGV[2],
+rcall('SET', KEYS[1], ARGV[1], 'PX', ARGV[4])
+rcall('DEL', KEYS[2])
+rcall('HSET', KEYS[2], 'occ', ARGV[3], 'claim', ARGV[5], 'owner', ARGV[1], 'term', ARGV[2],
   'spec', ARGV[6], 'part', '0', 'cursor', '0', 'index', '0', 'submitted', '0', 'duplicates', '0',
   'batches', '0', 'done', '0', 'startedAt', now, 'updatedAt', now, 'resumes', '0')
-redis.call('PEXPIRE', KEYS[2], ARGV[4])
+rcall('PEXPIRE', KEYS[2], ARGV[4])
 return {'claimed'}

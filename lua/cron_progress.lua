@@ -18,7 +18,7 @@
 --   | {'recorded', submitted, duplicates} (this write had landed already)
 --   | {'done'} (finished already under this term) | {'fenced', term, occ}
 --   | {'moved', partition, cursor, index} (the cursor is elsewhere) | {'gone'}
-local st = redis.call('HMGET', KEYS[1], 'occ', 'term', 'done', 'part', 'cursor', 'index', 'submitted', 'duplicates')
+local st = rcall('HMGET', KEYS[1], 'occ', 'term', 'done', 'part', 'cursor', 'index', 'submitted', 'duplicates')
 if not st[1] then return {'gone'} end
 if st[1] ~= ARGV[2] or st[2] ~= ARGV[1] then return {'fenced', st[2] or '', st[1]} end
 if st[3] ~= '0' then return {'done'} end
@@ -30,12 +30,12 @@ if not at_from then
   return {'moved', st[4], st[5], st[6]}
 end
 local now = tok_str(now_ms())
-redis.call('HSET', KEYS[1], 'part', ARGV[6], 'cursor', ARGV[7], 'index', ARGV[8], 'updatedAt', now)
-local sub = redis.call('HINCRBY', KEYS[1], 'submitted', ARGV[9])
-local dup = redis.call('HINCRBY', KEYS[1], 'duplicates', ARGV[10])
-redis.call('HINCRBY', KEYS[1], 'batches', 1)
+rcall('HSET', KEYS[1], 'part', ARGV[6], 'cursor', ARGV[7], 'index', ARGV[8], 'updatedAt', now)
+local sub = rcall('HINCRBY', KEYS[1], 'submitted', ARGV[9])
+local dup = rcall('HINCRBY', KEYS[1], 'duplicates', ARGV[10])
+rcall('HINCRBY', KEYS[1], 'batches', 1)
 if ARGV[11] == '1' then
-  redis.call('HSET', KEYS[1], 'done', '1', 'finishedAt', now)
+  rcall('HSET', KEYS[1], 'done', '1', 'finishedAt', now)
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[12])
+rcall('PEXPIRE', KEYS[1], ARGV[12])
 return {'ok', sub, dup}

@@ -8,9 +8,9 @@
 -- KEYS[1] term counter ("<prefix>:cron:term")
 -- ARGV[1] expiry of the counter (ms)
 -- returns the new term (an integer)
-local t = redis.call('TIME')
-local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local prev = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+local t = rcall('TIME')
+local floor = tonum(t[1]) * 1000000 + tonum(t[2])
+local prev = tonum(rcall('GET', KEYS[1]) or '0') or 0
 local term = math.max(prev + 1, floor)
-redis.call('SET', KEYS[1], tok_str(term), 'PX', ARGV[1])
+rcall('SET', KEYS[1], tok_str(term), 'PX', ARGV[1])
 return term

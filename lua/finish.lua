@@ -46,13 +46,14 @@
 -- for — instead of a separate read's round trip.
 local task, lease_key, hist = KEYS[1], KEYS[2], KEYS[3]
 local tag = tag_of(task)
-local key = string.sub(task, #tag + 7) -- KEYS[1] is <tag>:task:<key>
+local key = ssub(task, #tag + 7) -- KEYS[1] is <tag>:task:<key>
 local queue = queue_of(tag)
-local index, watch, events = tag .. ':index', tag .. ':watch', tag .. ':events'
+local index, events = tag .. ':index', tag .. ':events'
+local pub = publisher(events, tag .. ':watch') -- shared with the claim of the entry taken
 
 local function finish()
   local owner, token, run_id, result, cap = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[9]
-  if redis.call('GET', lease_key) ~= lease_value(token, owner) then return {0, ''} end
+  if rcall('GET', lease_key) ~= lease_value(token, owner) then return {0, ''} end
   -- the record fields every finish reads (the fence, the completed stage's
   -- check and what finish_terminal clears); the holder's claim wrote the
   -- rest of what finish_terminal needs (entry, owner, key), or
@@ -60,7 +61,7 @@ local function finish()
   -- field by field it would be resized four times.
   -- The cursor and the cached view are read so that what is empty is not
   -- written again (a field read costs less than one written).
-  local v = redis.call('HMGET', task, 'runId', 'token', 'stage', 'stages', 'done', 'followUp', 'cancel', 'lastError',
+  local v = rcall('HMGET', task, 'runId', 'token', 'stage', 'stages', 'done', 'followUp', 'cancel', 'lastError',
     'cursor', 'v')
   if v[1] ~= run_id or v[2] ~= token then return {0, ''} end
   local r = {runId = v[1], token = v[2], stage = v[3] or nil, stages = v[4] or nil, done = v[5] or nil,
@@ -70,9 +71,9 @@ local function finish()
   local before = nil -- the completed stage's event, appended with the result's
   local upd = nil    -- the completed stage's checkpoint fields, written with the result's
   if ARGV[5] ~= '' then
-    local done = tonumber(r.done) or 0
+    local done = tonum(r.done) or 0
     if list_at(r.stages, done + 1) ~= ARGV[5] then return {-1, ''} end
-    upd = {'done', done + 1}
+    upd = {'done', int_str(done + 1)}
     if v[9] and v[9] ~= '' then upd[3], upd[4] = 'cursor', '' end
     if result == 'handback' then
       r.stage = list_at(r.stages, done + 2)
@@ -81,11 +82,11 @@ local function finish()
     end
     before = hist_ev(now, 'stage', run_id, '', ARGV[5], 'done', owner, token)
   end
-  redis.call('DEL', lease_key)
+  rcall('DEL', lease_key)
   local attempt, max_attempts = 1, 1
   if result == 'retry' or result == 'handback' then
     ft_read(task, {'attempt', 'maxAttempts', 'sources'}, r)
-    attempt, max_attempts = tonumber(r.attempt) or 1, tonumber(r.maxAttempts) or 1
+    attempt, max_attempts = tonum(r.attempt) or 1, tonum(r.maxAttempts) or 1
   end
   if result == 'retry' and r.cancel == '1' then
     result, ARGV[6] = 'cancelled', 'cancelled'
@@ -94,11 +95,11 @@ local function finish()
   end
 
   if result == 'retry' then
-    local due = now + tonumber(ARGV[7])
+    local due = now + tonum(ARGV[7])
     ack_entry(queue, r.entry)
-    redis.call('HSET', task, unpack(with_fields({'status', 'retrying', 'nextAttemptAt', due, 'lastError', ARGV[6],
+    rcall('HSET', task, unpk(with_fields({'status', 'retrying', 'nextAttemptAt', due, 'lastError', ARGV[6],
       'entry', '', 'updatedAt', now, 'v', ''}, upd)))
-    redis.call('ZADD', tag .. ':retry', due, run_id .. ' ' .. r.key)
+    rcall('ZADD', tag .. ':retry', due, run_id .. ' ' .. r.key)
     hist_push_after(hist, cap, before, hist_err(now, 'retry-scheduled', run_id, r.stage,
       'attempt ' .. attempt .. ' of ' .. max_attempts, owner, token, ARGV[6]))
   elseif result == 'handback' then
@@ -110,7 +111,7 @@ local function finish()
     local first = list_at(srcs, 1)
     if first == '' then first = 'manual' end
     local id = enqueue(queue, lane, run_id, r.key, first)
-    redis.call('HSET', task, unpack(with_fields({'status', 'queued', 'attempt', attempt - 1, 'entry', id, 'lane', lane,
+    rcall('HSET', task, unpk(with_fields({'status', 'queued', 'attempt', int_str(attempt - 1), 'entry', id, 'lane', lane,
       'updatedAt', now, 'v', ''}, upd)))
     hist_push_after(hist, cap, before, hist_ev(now, 'handed-back', run_id, '', r.stage, '', owner, token))
   else
@@ -121,7 +122,7 @@ local function finish()
       max_attempts = ARGV[12], now = now, extra = upd, links_from = KEYS[4], links_to = KEYS[5]}, result, ARGV[6], r,
       before)
   end
-  publish_view(task, events, watch)
+  pub(task)
   if result == 'retry' then return {1, 'retrying'}, now, now_us end
   if result == 'handback' then return {1, 'queued'}, now, now_us end
   if r.followUp == '1' then return {1, 'queued'}, now, now_us end
@@ -134,21 +135,20 @@ local function claim_taken(out, now, now_us)
   local e = out[3]
   local run_id, next_key, scope, source = entry_parts(e)
   if not run_id then return end -- not tasklease's: the caller drops it
-  local bar = string.find(key, '|', 1, true)
-  if scope ~= string.sub(key, bar + 1) then
+  local bar = sfind(key, '|', 1, true)
+  if scope ~= ssub(key, bar + 1) then
     return -- another job: the caller claims it with that job's definition
   end
-  local c = {owner = ARGV[1], cap = ARGV[9], channel = events, retention = ARGV[10], index = index,
-    watch = watch, q = queue, parked = tag .. ':parked', paused = paused_scopes(tag .. ':paused'), now = now,
+  local c = {owner = ARGV[1], cap = ARGV[9], pub = pub, retention = ARGV[10], index = index, q = queue, parked = tag .. ':parked', paused = paused_scopes(tag .. ':paused'), now = now,
     now_us = now_us}
   out[4] = claim_in_slot(c, tag, e, run_id, next_key, source, ARGV[16], '', ARGV[11], ARGV[12])
 end
 
 local out, now, now_us = finish()
-local n = tonumber(ARGV[13]) or 0
+local n = tonum(ARGV[13]) or 0
 if n > 0 then
   if not now then now, now_us = clock() end
-  read_lanes(out, queue, ARGV[14] == 'b' and 'b' or 'p', n, now + tonumber(ARGV[8]))
+  read_lanes(out, queue, ARGV[14] == 'b' and 'b' or 'p', n, now + tonum(ARGV[8]))
   if n == 1 and #out == 3 then claim_taken(out, now, now_us) end
 end
 return out

@@ -14,19 +14,19 @@
 -- ARGV[3 ..] index candidates (task keys), matching KEYS[2+S ..]
 -- returns {subjects pruned, index entries pruned}
 local now = now_ms()
-local cutoff = now - tonumber(ARGV[1])
-local s = tonumber(ARGV[2])
+local cutoff = now - tonum(ARGV[1])
+local s = tonum(ARGV[2])
 local subjects = 0
 for i = 2, 1 + s do
-  subjects = subjects + redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', '(' .. cutoff)
+  subjects = subjects + rcall('ZREMRANGEBYSCORE', KEYS[i], '-inf', '(' .. cutoff)
 end
 local index = 0
 for i = 3, #ARGV do
   local member = ARGV[i]
-  if redis.call('EXISTS', KEYS[i - 1 + s]) == 0 then
-    index = index + redis.call('ZREM', KEYS[1], member)
+  if rcall('EXISTS', KEYS[i - 1 + s]) == 0 then
+    index = index + rcall('ZREM', KEYS[1], member)
   else
-    redis.call('ZADD', KEYS[1], 'XX', now, member)
+    rcall('ZADD', KEYS[1], 'XX', now, member)
   end
 end
 return {subjects, index}

@@ -26,11 +26,11 @@ local q = queue_of(tag)
 return {tag, q.b, q.p, q.bell, q.taken, tag .. ':index', tag .. ':retry', tag .. ':watch', tag .. ':events',
   tag .. ':paused', tag .. ':parked', tag .. ':task:' .. ARGV[1], tag .. ':lease:' .. ARGV[1],
   tag .. ':history:' .. ARGV[1], string.sub(KEYS[1], #tag + 7)}`
-	prelude, err := helpersFor(string(lib), body)
+	src, err := compose(string(lib), "keys_test", body)
 	if err != nil {
 		t.Fatal(err)
 	}
-	script := redis.NewScript(prelude + body)
+	script := redis.NewScript(src)
 	rdb := redistest.StartMini(t).Client(t)
 	for _, prefix := range []string{"", "tl", "a-b_c"} {
 		ks, err := keyspace.New(prefix, 16)

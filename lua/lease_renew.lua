@@ -4,5 +4,5 @@
 -- ARGV[1] owner   ARGV[2] token   ARGV[3] ttl (ms)
 -- returns 1 renewed, 0 not held
 if not lease_held(KEYS[1], ARGV[1], ARGV[2]) then return 0 end
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
+rcall('PEXPIRE', KEYS[1], ARGV[3])
 return 1

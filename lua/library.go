@@ -87,7 +87,7 @@ func NewLibrary(opts LibraryOptions) (*Library, error) {
 		fn := "tasklease_" + name + "_" + version
 		// The body sees KEYS and ARGV as the parameters of its function, as
 		// it sees them as globals when run by EVAL.
-		fmt.Fprintf(&code, "\n-- %s.lua\nredis.register_function(%q, function(KEYS, ARGV)\n%s\nend)\n", name, fn, body)
+		fmt.Fprintf(&code, "\n-- %s.lua\nredis.register_function(%q, function(KEYS, ARGV)\nbind()\n%s\nend)\n", name, fn, body)
 		l.fns[sha1Hex(src)] = fn
 	}
 	l.Code = code.String()

@@ -42,11 +42,19 @@ func Source(name string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("lua: unknown script %q: %w", name, err)
 	}
-	prelude, err := helpersFor(string(lib), string(body))
+	return compose(string(lib), name, string(body))
+}
+
+// compose is script name: the helpers of lib its body uses, then the body,
+// which first calls bind (lib.lua), the upvalues every helper calls
+// through.
+func compose(lib, name, body string) (string, error) {
+	body = "bind()\n" + body
+	prelude, err := helpersFor(lib, body)
 	if err != nil {
 		return "", err
 	}
-	return prelude + "\n-- " + name + ".lua\n" + string(body), nil
+	return prelude + "\n-- " + name + ".lua\n" + body, nil
 }
 
 // topDef matches a helper's definition in lib.lua: a top-level local.
@@ -67,12 +75,14 @@ func helpersFor(lib, body string) (string, error) {
 		if strings.TrimSpace(code) == "" {
 			continue
 		}
-		m := topDef.FindStringSubmatch(code)
-		if m == nil || !strings.HasPrefix(strings.TrimLeft(code, "\n"), "local ") {
+		ms := topDef.FindAllStringSubmatch(code, -1)
+		if ms == nil || !strings.HasPrefix(strings.TrimLeft(code, "\n"), "local ") {
 			return "", fmt.Errorf("lua: %s paragraph %d does not start with a top-level definition: %.60q", libFile, i+1, code)
 		}
-		defines[i] = m[1]
-		where[m[1]] = i
+		defines[i] = ms[0][1]
+		for _, m := range ms { // a paragraph may define more than one (bind's)
+			where[m[1]] = i
+		}
 	}
 	need := make([]bool, len(paras))
 	var visit func(text string)

@@ -19,18 +19,18 @@
 -- returns the entries taken, in order, each followed by its claim reply
 -- (see claim.lua). The entries' record, lease and history keys are derived
 -- from the entries in the partition's slot, as in finish.lua.
-local n = tonumber(ARGV[1])
+local n = tonum(ARGV[1])
 local now, now_us = clock()
-local taken = read_lanes({}, queue_at(KEYS, 1), ARGV[2], n, now + tonumber(ARGV[3]))
+local taken = read_lanes({}, queue_at(KEYS, 1), ARGV[2], n, now + tonum(ARGV[3]))
 if #taken == 0 then return taken end
 local defs = {}
 local j = 9
-for _ = 1, tonumber(ARGV[8]) do
+for _ = 1, tonum(ARGV[8]) do
   defs[ARGV[j]] = j
   j = j + 4
 end
-local tag = string.sub(KEYS[5], 1, #KEYS[5] - 6) -- KEYS[5] is <tag>:index
-local c = {owner = ARGV[4], cap = ARGV[5], channel = ARGV[6], retention = ARGV[7], index = KEYS[5], watch = KEYS[6],
+local tag = ssub(KEYS[5], 1, #KEYS[5] - 6) -- KEYS[5] is <tag>:index
+local c = {owner = ARGV[4], cap = ARGV[5], pub = publisher(ARGV[6], KEYS[6]), retention = ARGV[7], index = KEYS[5],
   q = queue_at(KEYS, 1), parked = KEYS[8], paused = paused_scopes(KEYS[7]), now = now, now_us = now_us}
 local out = {}
 for _, e in ipairs(taken) do

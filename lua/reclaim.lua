@@ -21,7 +21,7 @@
 -- while no legacy stream is left.
 local q = queue_at(KEYS, 1)
 local now = now_ms()
-local idle = tonumber(ARGV[2])
+local idle = tonum(ARGV[2])
 
 -- move_legacy queues one legacy stream message {id, {field, value, ...}}
 -- on lane, if it is tasklease's.
@@ -33,49 +33,49 @@ local function move_legacy(lane, msg)
 end
 
 local function drain(stream, lane, n)
-  if redis.call('EXISTS', stream) == 0 then return end
+  if rcall('EXISTS', stream) == 0 then return end
   local group, consumer = ARGV[3], ARGV[4]
   local pend = redis.pcall('XPENDING', stream, group, 'IDLE', idle, '-', '+', n)
   if type(pend) == 'table' and pend.err then -- no group: nobody consumed it
-    for _, m in ipairs(redis.call('XRANGE', stream, '-', '+', 'COUNT', n)) do
+    for _, m in ipairs(rcall('XRANGE', stream, '-', '+', 'COUNT', n)) do
       move_legacy(lane, m)
-      redis.call('XDEL', stream, m[1])
+      rcall('XDEL', stream, m[1])
     end
-    if redis.call('XLEN', stream) == 0 then redis.call('DEL', stream) end
+    if rcall('XLEN', stream) == 0 then rcall('DEL', stream) end
     return
   end
   local msgs = {}
   if #pend > 0 then
     local ids = {}
     for i, p in ipairs(pend) do ids[i] = p[1] end
-    msgs = redis.call('XCLAIM', stream, group, consumer, idle, unpack(ids))
+    msgs = rcall('XCLAIM', stream, group, consumer, idle, unpk(ids))
   end
-  local fresh = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', n, 'STREAMS', stream, '>')
+  local fresh = rcall('XREADGROUP', 'GROUP', group, consumer, 'COUNT', n, 'STREAMS', stream, '>')
   if fresh then
     for _, m in ipairs(fresh[1][2]) do msgs[#msgs + 1] = m end
   end
   for _, m in ipairs(msgs) do
     if type(m) == 'table' then
       move_legacy(lane, m)
-      redis.call('XACK', stream, group, m[1])
-      redis.call('XDEL', stream, m[1])
+      rcall('XACK', stream, group, m[1])
+      rcall('XDEL', stream, m[1])
     end
   end
-  if redis.call('XLEN', stream) == 0 and redis.call('XPENDING', stream, group)[1] == 0 then
-    redis.call('DEL', stream)
+  if rcall('XLEN', stream) == 0 and rcall('XPENDING', stream, group)[1] == 0 then
+    rcall('DEL', stream)
   end
 end
 
 if ARGV[5] == '1' then
-  drain(KEYS[5], 'b', tonumber(ARGV[1]))
-  drain(KEYS[6], 'p', tonumber(ARGV[1]))
+  drain(KEYS[5], 'b', tonum(ARGV[1]))
+  drain(KEYS[6], 'p', tonum(ARGV[1]))
 end
 
-local due = redis.call('ZRANGEBYSCORE', q.taken, '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+local due = rcall('ZRANGEBYSCORE', q.taken, '-inf', now, 'LIMIT', 0, tonum(ARGV[1]))
 if #due > 0 then
   local za = {}
   local until_ms = now + idle
   for i = 1, #due do za[2 * i - 1], za[2 * i] = until_ms, due[i] end
-  redis.call('ZADD', q.taken, 'XX', unpack(za))
+  rcall('ZADD', q.taken, 'XX', unpk(za))
 end
 return due

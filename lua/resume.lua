@@ -14,20 +14,20 @@
 -- ARGV[1] scope   ARGV[2] events channel   ARGV[2+i] parked member i ("<scope> <subject>")
 -- returns the number of runs re-queued
 -- Cost per re-queued run: ZREM, HMGET, RPUSH, HSET, EXISTS watch.
-redis.call('SREM', KEYS[1], ARGV[1])
+rcall('SREM', KEYS[1], ARGV[1])
 local queue = queue_at(KEYS, 3)
 local requeued = 0
 for i = 8, #KEYS do
   local task, member = KEYS[i], ARGV[i - 5]
-  redis.call('ZREM', KEYS[2], member)
-  local rec = redis.call('HMGET', task, 'key', 'runId', 'status', 'entry', 'psrc', 'plane', 'prun')
+  rcall('ZREM', KEYS[2], member)
+  local rec = rcall('HMGET', task, 'key', 'runId', 'status', 'entry', 'psrc', 'plane', 'prun')
   local status = rec[3]
   -- prun: the run that was parked (a later run of the key was never parked)
   if (status == 'queued' or status == 'running' or status == 'retrying') and (rec[4] or '') == ''
       and rec[7] == rec[2] then
     local lane = rec[6] == 'p' and 'p' or 'b'
     local id = enqueue(queue, lane, rec[2], rec[1], rec[5] or 'retry')
-    redis.call('HSET', task, 'entry', id, 'waiting', '', 'v', '')
+    rcall('HSET', task, 'entry', id, 'waiting', '', 'v', '')
     publish_view(task, ARGV[2], KEYS[7])
     requeued = requeued + 1
   end

@@ -4,11 +4,11 @@
 -- KEYS[2..5] the partition's queue keys (lib.lua queue_at)
 -- ARGV[1] max entries to move
 -- returns the number moved
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now_ms(), 'LIMIT', 0, tonumber(ARGV[1]))
+local due = rcall('ZRANGEBYSCORE', KEYS[1], '-inf', now_ms(), 'LIMIT', 0, tonum(ARGV[1]))
 local q = queue_at(KEYS, 2)
 for _, member in ipairs(due) do
-  local sp = string.find(member, ' ', 1, true)
-  enqueue(q, 'b', string.sub(member, 1, sp - 1), string.sub(member, sp + 1), 'retry')
-  redis.call('ZREM', KEYS[1], member)
+  local sp = sfind(member, ' ', 1, true)
+  enqueue(q, 'b', ssub(member, 1, sp - 1), ssub(member, sp + 1), 'retry')
+  rcall('ZREM', KEYS[1], member)
 end
 return #due

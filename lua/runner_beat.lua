@@ -10,13 +10,13 @@
 -- Cost per beat: TIME, HSET, ZADD, ZRANGEBYSCORE, PEXPIRE x2 (and HDEL, ZREM
 -- per gone runner dropped); every few seconds per runner, off the hot path.
 local now = now_ms()
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('ZADD', KEYS[2], now, ARGV[1])
-local old = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. (now - tonumber(ARGV[3])))
+rcall('HSET', KEYS[1], ARGV[1], ARGV[2])
+rcall('ZADD', KEYS[2], now, ARGV[1])
+local old = rcall('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. (now - tonum(ARGV[3])))
 for _, owner in ipairs(old) do
-  redis.call('HDEL', KEYS[1], owner)
-  redis.call('ZREM', KEYS[2], owner)
+  rcall('HDEL', KEYS[1], owner)
+  rcall('ZREM', KEYS[2], owner)
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
+rcall('PEXPIRE', KEYS[1], ARGV[3])
+rcall('PEXPIRE', KEYS[2], ARGV[3])
 return now

@@ -37,12 +37,13 @@
 -- index (and the subjects ZADD for requests that are not schedule), EXISTS
 -- watch; ringing the bell (LLEN, RPUSH) when the lane was empty.
 local now = now_ms()
-local np = tonumber(ARGV[3])
+local np = tonum(ARGV[3])
 local traced = ARGV[4] == '1'
 local kr, ar = 3, 9
 if traced then kr, ar = 5, 10 end
 local base_k, base_a = 7 * np, 4 + 2 * np
 local blocks = {}
+local pubs = {} -- per partition block: its publisher (one EXISTS watch per call)
 local out = {}
 -- submit_one's arguments: one table for the call, its per-request fields
 -- rewritten (a table per request cost more than the rest of a new run's Lua)
@@ -54,22 +55,23 @@ for i = 1, (#KEYS - base_k) / kr do
   if not outcome then
     local vals = nil -- submit_one reads the record
     if view == false then vals = {} end -- no record
-    local q = tonumber(ARGV[j + 1])
+    local q = tonum(ARGV[j + 1])
     local pk = 7 * q - 6
     local queue = blocks[q]
     if not queue then
       queue = queue_at(KEYS, pk)
       blocks[q] = queue
+      pubs[q] = publisher(ARGV[3 + 2 * q], KEYS[pk + 6])
     end
-    a.task, a.hist, a.q, a.index, a.subjects, a.retry, a.watch = task, KEYS[k + 1], queue, KEYS[pk + 4],
-      KEYS[k + 2], KEYS[pk + 5], KEYS[pk + 6]
+    a.task, a.hist, a.q, a.index, a.subjects, a.retry, a.pub = task, KEYS[k + 1], queue, KEYS[pk + 4],
+      KEYS[k + 2], KEYS[pk + 5], pubs[q]
     a.key, a.subject, a.source, a.policy, a.run_id = ARGV[j + 2], ARGV[j + 3], source, policy, ARGV[j + 6]
-    a.stages, a.max_attempts, a.min_interval = ARGV[j + 7], ARGV[j + 8], tonumber(ARGV[j + 9])
-    a.events, a.cancels = ARGV[3 + 2 * q], ARGV[4 + 2 * q]
+    a.stages, a.max_attempts, a.min_interval = ARGV[j + 7], ARGV[j + 8], tonum(ARGV[j + 9])
+    a.cancels = ARGV[4 + 2 * q]
     if traced then a.links_next, a.links_new, a.tp = KEYS[k + 3], KEYS[k + 4], ARGV[j + 10] end
     outcome, view = submit_one(a, vals)
   end
-  if not view then view = '\30' .. view_reply(nil, redis.call('HMGET', task, unpack(VIEW_FIELDS)), 0) end
+  if not view then view = '\30' .. view_reply(nil, rcall('HMGET', task, unpk(VIEW_FIELDS)), 0) end
   out[#out + 1] = outcome
   out[#out + 1] = view
 end
