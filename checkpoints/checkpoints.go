@@ -210,7 +210,7 @@ func (s *Store) Begin(ctx context.Context, lease leasing.Lease, runID string, st
 	// holder was handed.
 	str := func(i int) string { v, _ := res[i].(string); return v }
 	cp := &Checkpoint{RunID: runID, Stage: str(2), Owner: lease.Owner, Token: lease.Token,
-		StartedAt: MillisTime(str(6)), UpdatedAt: MillisTime(str(7))}
+		StartedAt: MillisTime(str(6)), UpdatedAt: MillisTime(LatestMillis(str(7), str(6)))}
 	cp.Completed = int(res[1].(int64))
 	cp.Attempt = int(res[4].(int64))
 	if c := str(3); c != "" {
@@ -279,7 +279,7 @@ func FromFields(vals []any) (*Checkpoint, error) {
 		Stage:     str(3),
 		Owner:     str(6),
 		StartedAt: MillisTime(str(8)),
-		UpdatedAt: MillisTime(str(9)),
+		UpdatedAt: MillisTime(LatestMillis(str(9), str(8))),
 	}
 	if st := str(1); st != "" {
 		cp.Stages = strings.Split(st, ",")
@@ -291,6 +291,22 @@ func FromFields(vals []any) (*Checkpoint, error) {
 	cp.Attempt, _ = strconv.Atoi(str(5))
 	cp.Token, _ = strconv.ParseInt(str(7), 10, 64)
 	return cp, nil
+}
+
+// LatestMillis is the latest of millisecond stamps ("" and unparsable ones
+// ignored; "" when there is none). A run record's last change is the
+// latest of its updatedAt, requestedAt, startedAt and finishedAt: the
+// scripts write updatedAt only when no other stamp of the same write
+// carries the time (a field written costs Redis more than this costs a
+// reader).
+func LatestMillis(stamps ...string) string {
+	best, bestMs := "", int64(0)
+	for _, s := range stamps {
+		if ms, err := strconv.ParseInt(s, 10, 64); err == nil && ms > bestMs {
+			best, bestMs = s, ms
+		}
+	}
+	return best
 }
 
 // MillisTime parses a Redis-time millisecond stamp; "" gives the zero time.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tasklease/tasklease/checkpoints"
 	"github.com/tasklease/tasklease/taskkey"
 )
 
@@ -78,7 +79,8 @@ const scanBatch = 1000
 
 // scanIndex returns every indexed task matching f whose record exists:
 // scope and subject prefix are decided from the key, status after an HMGET
-// of status, updatedAt and startedAt.
+// of status and the record's stamps (its last change is the latest of them,
+// checkpoints.LatestMillis).
 func (r *Registry) scanIndex(ctx context.Context, f scanFilter) ([]indexed, bool, error) {
 	pipe := r.rdb.Pipeline()
 	ranges := make([]*redis.StringSliceCmd, r.ks.Partitions())
@@ -106,7 +108,7 @@ func (r *Registry) scanIndex(ctx context.Context, f scanFilter) ([]indexed, bool
 		pipe := r.rdb.Pipeline()
 		cmds := make([]*redis.SliceCmd, len(batch))
 		for i, k := range batch {
-			cmds[i] = pipe.HMGet(ctx, r.ks.Task(k), "status", "updatedAt", "startedAt")
+			cmds[i] = pipe.HMGet(ctx, r.ks.Task(k), "status", "startedAt", "updatedAt", "requestedAt", "finishedAt")
 		}
 		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 			return nil, false, fmt.Errorf("jobs: scan index: %w", err)
@@ -117,7 +119,9 @@ func (r *Registry) scanIndex(ctx context.Context, f scanFilter) ([]indexed, bool
 			if st == "" || (f.status != "" && Status(st) != f.status) {
 				continue // expired by retention (the janitor prunes the index), or filtered out
 			}
-			out = append(out, indexed{key: batch[i], status: Status(st), updated: msOf(v[1]), started: msOf(v[2])})
+			str := func(j int) string { s, _ := v[j].(string); return s }
+			updated := checkpoints.LatestMillis(str(1), str(2), str(3), str(4))
+			out = append(out, indexed{key: batch[i], status: Status(st), updated: msOf(updated), started: msOf(v[1])})
 		}
 	}
 	return out, truncated, nil

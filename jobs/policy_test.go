@@ -315,6 +315,45 @@ func TestPolicyThrottledWithinMinInterval(t *testing.T) {
 	}
 }
 
+// TestPolicyThrottleCountsFromTheLastSuccess: a run that fails does not
+// reset the minimum interval; it counts from the last run that succeeded.
+// (A done run's time is its finishedAt; the next run's start moves it to
+// lastSuccessAt, which a failed run leaves as it is.)
+func TestPolicyThrottleCountsFromTheLastSuccess(t *testing.T) {
+	t.Parallel()
+	const subject, scope = "u1", "course_sync"
+	m := redistest.StartMini(t)
+	var fail atomic.Bool
+	job := clJob(scope, Stage{Name: "sync", Handler: HandlerFunc(func(context.Context, *Run) error {
+		if fail.Load() {
+			return errors.New("upstream down")
+		}
+		return nil
+	})})
+	job.MinInterval = time.Hour
+	job.Retry.MaxAttempts = 1
+	e := newEnv(t, m.Client(t), Config{Prefix: "pl", Jobs: []Job{job}})
+	e.startRunner(RunnerConfig{ID: "pod-l"})
+
+	first := clSubmit(t, e.reg, subject, scope, SourceSchedule, "")
+	e.waitStatus(subject, scope, 10*time.Second, StatusDone)
+	m.Advance(30 * time.Minute)
+	fail.Store(true)
+	manual := clSubmit(t, e.reg, subject, scope, SourceManual, "")
+	if manual.Outcome != OutcomeStarted {
+		t.Fatalf("manual: %s, want started", manual.Outcome)
+	}
+	polWaitRun(e, subject, scope, first.Task.RunID, 10*time.Second, StatusFailed)
+	if r := clSubmit(t, e.reg, subject, scope, SourceSchedule, ""); r.Outcome != OutcomeThrottled {
+		t.Errorf("schedule 30m after the last success, a failed run since: %s, want throttled", r.Outcome)
+	}
+	m.Advance(31 * time.Minute)
+	fail.Store(false)
+	if r := clSubmit(t, e.reg, subject, scope, SourceSchedule, ""); r.Outcome != OutcomeStarted {
+		t.Errorf("schedule 61m after the last success: %s, want started", r.Outcome)
+	}
+}
+
 func TestPolicyDefaultsAndOverride(t *testing.T) {
 	t.Parallel()
 	c := &counter{}

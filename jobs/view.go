@@ -111,7 +111,7 @@ func viewFromValues(key, subject, scope string, vals []string) TaskView {
 		Waiting:         get(vfWaiting),
 		RequestedAt:     timeField(get(vfRequestedAt)),
 		StartedAt:       timeField(get(vfStartedAt)),
-		UpdatedAt:       timeField(get(vfUpdatedAt)),
+		UpdatedAt:       timeField(checkpoints.LatestMillis(get(vfUpdatedAt), get(vfRequestedAt), get(vfStartedAt), get(vfFinishedAt))),
 		FinishedAt:      timeField(get(vfFinishedAt)),
 		NextAttemptAt:   timeField(get(vfNextAttemptAt)),
 	}

@@ -377,17 +377,22 @@ end
 -- and folds its coalesced requests into the history first; a new record
 -- writes only the fields that are not empty or implied.
 -- r: {task, q, hist, key, run_id, stages, max_attempts, sources,
---     source, now, exists, co}
+--     source, now, exists, co, last_success (the ending run's finishedAt
+--     when it was done, else nil)}
 local function new_run(r)
   local lane = lane_for(r.sources)
   local id = enqueue(r.q, lane, r.run_id, r.key, r.source)
   if r.exists then
     co_fold(r.task, r.hist, r.co)
-    rcall('HSET', r.task, 'runId', r.run_id, 'status', 'queued', 'stages', r.stages, 'done', '0',
+    local f = {'runId', r.run_id, 'status', 'queued', 'stages', r.stages, 'done', '0',
       'stage', '', 'cursor', '', 'attempt', '0', 'maxAttempts', r.max_attempts, 'sources', r.sources,
       'owner', '', 'requestedAt', r.now, 'startedAt', '', 'updatedAt', r.now, 'finishedAt', '',
       'nextAttemptAt', '', 'lastError', '', 'cancel', '0', 'followUp', '0', 'followUpSources', '',
-      'entry', id, 'lane', lane, 'waiting', '', 'v', '')
+      'entry', id, 'lane', lane, 'waiting', '', 'v', ''}
+    -- finishedAt is cleared, so a done run's time (r.last_success) moves to
+    -- lastSuccessAt: finish_terminal writes it to finishedAt alone
+    if r.last_success then f[#f + 1], f[#f + 2] = 'lastSuccessAt', r.last_success end
+    rcall('HSET', r.task, unpk(f))
     rcall('PERSIST', r.task)
     rcall('PERSIST', r.hist)
   else
@@ -395,12 +400,10 @@ local function new_run(r)
     -- subject and scope are the key's parts
     if lane == 'p' then
       rcall('HSET', r.task, 'key', r.key, 'runId', r.run_id, 'status', 'queued', 'stages', r.stages,
-        'maxAttempts', r.max_attempts, 'sources', r.sources, 'requestedAt', r.now, 'updatedAt', r.now,
-        'entry', id, 'lane', lane)
+        'maxAttempts', r.max_attempts, 'sources', r.sources, 'requestedAt', r.now, 'entry', id, 'lane', lane)
     else
       rcall('HSET', r.task, 'key', r.key, 'runId', r.run_id, 'status', 'queued', 'stages', r.stages,
-        'maxAttempts', r.max_attempts, 'sources', r.sources, 'requestedAt', r.now, 'updatedAt', r.now,
-        'entry', id)
+        'maxAttempts', r.max_attempts, 'sources', r.sources, 'requestedAt', r.now, 'entry', id)
     end
   end
   return id
@@ -461,8 +464,11 @@ local function finish_terminal(c, result, err, r, before)
   r = r or ft_read(c.task, FT_FIELDS)
   ack_entry(c.q, r.entry)
   err = err or ''
-  local fields = {'status', result, 'finishedAt', c.now, 'updatedAt', c.now, 'entry', ''}
-  local n = 8
+  -- finishedAt is also the record's updatedAt (jobs.viewFromValues) and,
+  -- for a done run, its last success (submit_one): one field, not three.
+  -- The entry is left as it is: nothing reads a finished run's entry.
+  local fields = {'status', result, 'finishedAt', c.now}
+  local n = 4
   -- fields the run set that a finished record shows empty
   local v = r.stage
   if v and v ~= '' then fields[n + 1], fields[n + 2], n = 'stage', '', n + 2 end
@@ -474,9 +480,6 @@ local function finish_terminal(c, result, err, r, before)
   if v and v ~= '' then fields[n + 1], fields[n + 2], n = 'waiting', '', n + 2 end
   if err ~= '' or (r.lastError and r.lastError ~= '') then
     fields[n + 1], fields[n + 2], n = 'lastError', err, n + 2
-  end
-  if result == 'done' then
-    fields[n + 1], fields[n + 2], n = 'lastSuccessAt', c.now, n + 2
   end
   if c.extra then
     for i = 1, #c.extra do fields[n + i] = c.extra[i] end
@@ -496,7 +499,7 @@ local function finish_terminal(c, result, err, r, before)
     if c.stages and c.stages ~= '' then stages, max_attempts = c.stages, c.max_attempts end
     new_run({task = c.task, q = c.q, hist = c.hist, key = r.key,
       run_id = next_run_id, stages = stages, max_attempts = max_attempts, sources = srcs, source = first,
-      now = c.now, exists = true, co = r.co})
+      now = c.now, exists = true, co = r.co, last_success = result == 'done' and c.now or nil})
     hist_push(c.hist, c.cap, hist_ev(c.now, 'requested', next_run_id, first, '', 'started'))
     if c.links_from and rcall('EXISTS', c.links_from) == 1 then rcall('RENAME', c.links_from, c.links_to) end
   elseif tonum(c.retention) > 0 then
@@ -650,12 +653,15 @@ local function submit_one(a, vals)
   local active = status == 'queued' or status == 'running' or status == 'retrying'
   -- A new run (no active one, not throttled): nothing read is needed but
   -- whether the record exists, and the reply is what was written.
-  local last = tonum(vals[X + 20])
+  -- the last success: a done run's finishedAt, or what new_run kept of an
+  -- earlier one
+  local last_success = status == 'done' and vals[X + 14] or nil
+  local last = tonum(last_success or vals[X + 20])
   local throttled = not active and a.min_interval > 0 and last and (src == 'schedule' or src == 'foreground')
     and now - last < a.min_interval
   if not active and not throttled then
     new_run({task = task, q = a.q, hist = hist, key = a.key, run_id = a.run_id, stages = a.stages, max_attempts = a.max_attempts, sources = src, source = src,
-      now = now, exists = status and true or false, co = vals[X + 24]})
+      now = now, exists = status and true or false, co = vals[X + 24], last_success = last_success})
     hist_push(hist, a.cap, hist_ev(now, 'requested', a.run_id, src, '', 'started'))
     rcall('ZADD', a.index, now, a.key)
     if src ~= 'schedule' then rcall('ZADD', a.subjects, now, a.subject) end
@@ -933,16 +939,18 @@ local function claim_entry(c, task, lease_key, hist, lane, entry_id, run_id, sou
   -- (promotion), so the claim leaves it; the entry is written unread
   -- (reading it to skip an equal write saved nothing).
   local fields = {'status', 'running', 'stage', stage, 'owner', owner, 'token', tok_str(token),
-    'updatedAt', now, 'attempt', int_str(attempt_now), 'entry', entry_id}
+    'attempt', int_str(attempt_now), 'entry', entry_id}
   if sources ~= rec[7] then
     fields[#fields + 1] = 'sources'
     fields[#fields + 1] = sources
   end
   if not started or started == '' then
     started = now
-    fields[#fields + 1] = 'startedAt'
-    fields[#fields + 1] = now
+    fields[#fields + 1] = 'startedAt' -- also the record's updatedAt (jobs.viewFromValues)
+  else
+    fields[#fields + 1] = 'updatedAt'
   end
+  fields[#fields + 1] = now
   if next_at and next_at ~= '' then
     fields[#fields + 1] = 'nextAttemptAt'
     fields[#fields + 1] = ''
