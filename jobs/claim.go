@@ -100,8 +100,8 @@ func (r *Runner) leaseTTL(scope string) time.Duration {
 func (r *Runner) claimCall(p int, es []entry) *scriptCall {
 	ks := r.reg.ks
 	c := &scriptCall{script: r.reg.scripts.claim,
-		keys: make([]string, 0, 8+3*len(es)), args: make([]any, 0, 4+8*len(es))}
-	c.keys = append(c.keys, ks.Index(p), ks.Watch(p))
+		keys: make([]string, 0, 7+3*len(es)), args: make([]any, 0, 4+8*len(es))}
+	c.keys = append(c.keys, ks.Watch(p))
 	c.keys = append(c.keys, ks.QueueKeys(p)...)
 	c.keys = append(c.keys, ks.Paused(p), ks.Parked(p))
 	c.args = append(c.args, r.owner, r.reg.histCap, ks.Events(p), r.reg.retention.Milliseconds())

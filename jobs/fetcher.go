@@ -36,9 +36,9 @@ func (r *Runner) readOrder(p int) (first, second keyspace.Lane) {
 func (r *Runner) readCall(p, n int) *scriptCall {
 	first, _ := r.readOrder(p)
 	ks := r.reg.ks
-	keys := make([]string, 0, 8)
+	keys := make([]string, 0, 7)
 	keys = append(keys, ks.QueueKeys(p)...)
-	keys = append(keys, ks.Index(p), ks.Watch(p), ks.Paused(p), ks.Parked(p))
+	keys = append(keys, ks.Watch(p), ks.Paused(p), ks.Parked(p))
 	args := make([]any, 0, 7+len(r.jobDefs))
 	args = append(args, n, first.Letter(), r.reclaimIdle.Milliseconds(), r.owner, r.reg.histCap, ks.Events(p),
 		r.reg.retention.Milliseconds())

@@ -380,7 +380,7 @@ func (r *Registry) Cancel(ctx context.Context, subject, scope string) (CancelOut
 		return "", err
 	}
 	p := r.ks.Partition(k)
-	keys := append([]string{r.ks.Task(k), r.ks.History(k), r.ks.Index(p), r.ks.Retry(p), r.ks.Watch(p)}, r.ks.QueueKeys(p)...)
+	keys := append([]string{r.ks.Task(k), r.ks.History(k), r.ks.Retry(p), r.ks.Watch(p)}, r.ks.QueueKeys(p)...)
 	res, err := r.scripts.cancel.Run(ctx, r.gc, keys, r.histCap, r.ks.Events(p), r.ks.Cancels(p), r.retention.Milliseconds(), "registry").Text()
 	if err != nil {
 		return "", fmt.Errorf("jobs: cancel %s: %w", k, err)

@@ -3,9 +3,9 @@
 -- publish on the cancel channel, and its holder ends it as cancelled. A
 -- queued follow-up is dropped too: the user asked for the task to stop.
 -- KEYS[1] task record   KEYS[2] history
--- KEYS[3] partition index   KEYS[4] partition retry queue
--- KEYS[5] partition watch key (views are published only while it exists)
--- KEYS[6..9] the partition's queue keys (lib.lua queue_at)
+-- KEYS[3] partition retry queue
+-- KEYS[4] partition watch key (views are published only while it exists)
+-- KEYS[5..8] the partition's queue keys (lib.lua queue_at)
 -- ARGV[1] history cap   ARGV[2] events channel
 -- ARGV[3] cancel channel (payload "<task key> <runId>")   ARGV[4] retention (ms)   ARGV[5] requester source
 -- returns 'cancelled' | 'cancelling' | 'not_running'
@@ -17,12 +17,12 @@ local now = now_ms()
 rcall('HSET', task, 'followUp', '0', 'followUpSources', '', 'v', '')
 if status == 'running' then
   rcall('HSET', task, 'cancel', '1', 'updatedAt', now, 'v', '')
-  publish_view(task, ARGV[2], KEYS[5])
+  publish_view(task, ARGV[2], KEYS[4])
   rcall(PUBLISH_CMD, ARGV[3], cancel_payload(rec[3], rec[2]))
   return 'cancelling'
 end
-rcall('ZREM', KEYS[4], rec[2] .. ' ' .. rec[3])
-finish_terminal({task = task, q = queue_at(KEYS, 6), hist = KEYS[2], index = KEYS[3],
+rcall('ZREM', KEYS[3], rec[2] .. ' ' .. rec[3])
+finish_terminal({task = task, q = queue_at(KEYS, 5), hist = KEYS[2],
   cap = ARGV[1], retention = ARGV[4], next_run_id = '', now = now}, 'cancelled', 'cancelled by ' .. ARGV[5])
-publish_view(task, ARGV[2], KEYS[5])
+publish_view(task, ARGV[2], KEYS[4])
 return 'cancelled'

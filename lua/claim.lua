@@ -2,11 +2,11 @@
 -- each entry one decision — stale, busy, foreign or granted — and on a grant
 -- it takes the lease with the key's next fencing token and enters the first
 -- incomplete stage. Several entries of one partition go in one call.
--- KEYS[1] partition index   KEYS[2] partition watch key (views are published
---         only while it exists)   KEYS[3..6] the partition's queue keys (queue_at)
--- KEYS[7] partition's paused scopes (a set)   KEYS[8] partition's parked runs
+-- KEYS[1] partition watch key (views are published only while it exists)
+-- KEYS[2..5] the partition's queue keys (queue_at)
+-- KEYS[6] partition's paused scopes (a set)   KEYS[7] partition's parked runs
 --         (a sorted set, all scores 0, members "<scope> <subject>")
--- KEYS[6+3i] task record of entry i   KEYS[7+3i] its lease   KEYS[8+3i] its history   (i = 1..n)
+-- KEYS[5+3i] task record of entry i   KEYS[6+3i] its lease   KEYS[7+3i] its history   (i = 1..n)
 -- ARGV[1] owner   ARGV[2] history cap   ARGV[3] events channel   ARGV[4] retention (ms)
 -- per entry i, ARGV[j+1 .. j+8] with j = 4 + 8(i-1):
 --   lane ('p' or 'b': the lane the entry was taken from)   the entry   runId
@@ -31,11 +31,12 @@
 -- plus one SMEMBERS of the paused set per call (an empty set while nothing is
 -- paused: the only cost of pause on the hot path).
 local now, now_us = clock()
-local c = {owner = ARGV[1], cap = ARGV[2], pub = publisher(ARGV[3], KEYS[2]), retention = ARGV[4], index = KEYS[1],
-  q = queue_at(KEYS, 3), parked = KEYS[8], paused = paused_scopes(KEYS[7]), now = now, now_us = now_us}
+local watched, paused = watch_and_paused(KEYS[1], KEYS[6])
+local c = {owner = ARGV[1], cap = ARGV[2], pub = publisher(ARGV[3], KEYS[1], watched), retention = ARGV[4],
+  q = queue_at(KEYS, 2), parked = KEYS[7], paused = paused, now = now, now_us = now_us}
 local out = {}
-for i = 1, (#KEYS - 8) / 3 do
-  local k, j = 6 + 3 * i, 4 + 8 * (i - 1)
+for i = 1, (#KEYS - 7) / 3 do
+  local k, j = 5 + 3 * i, 4 + 8 * (i - 1)
   out[i] = claim_entry(c, KEYS[k], KEYS[k + 1], KEYS[k + 2], ARGV[j + 1], ARGV[j + 2], ARGV[j + 3], ARGV[j + 4],
     ARGV[j + 5], ARGV[j + 6], ARGV[j + 7], ARGV[j + 8])
 end

@@ -6,7 +6,7 @@
 --          links (requests merged into its next run, see submit.lua) and
 --          the links of the follow-up run ARGV[17]: a follow-up started here
 --          takes the first as the second
--- The partition's keys (index, retry queue, watch key, queue keys, paused
+-- The partition's keys (retry queue, watch key, queue keys, paused
 -- scopes, parked runs, events channel) are derived from KEYS[1]'s hash tag
 -- (lib.lua tag_of): 3 keys declared instead of 12.
 -- ARGV[1] owner   ARGV[2] token   ARGV[3] runId
@@ -40,16 +40,23 @@
 -- of the declared keys.
 -- Cost of a done run: GET lease, HMGET of 10 fields (a retry or
 -- hand-back reads 3 more, a follow-up's start 3 more), TIME, DEL lease, ZREM taken, HSET,
--- RPUSH (the stage and the result events together), ZADD index, PEXPIRE x2,
--- EXISTS watch; the read adds LPOP per lane until it has its entries, ZADD
--- taken, and LLEN per lane (plus the bell's) when it took all it asked
--- for — instead of a separate read's round trip.
+-- RPUSH (the stage and the result events together), PEXPIRE x2, EXISTS
+-- watch (of watch and paused keys together when it takes an entry); the read
+-- adds LPOP per lane until it has its entries, ZADD taken, and LLEN of the
+-- bell when it took all it asked for — instead of a separate read's round
+-- trip.
 local task, lease_key, hist = KEYS[1], KEYS[2], KEYS[3]
 local tag = tag_of(task)
 local key = ssub(task, #tag + 7) -- KEYS[1] is <tag>:task:<key>
 local queue = queue_of(tag)
-local index, events = tag .. ':index', tag .. ':events'
-local pub = publisher(events, tag .. ':watch') -- shared with the claim of the entry taken
+local events = tag .. ':events'
+local watch, paused_key = tag .. ':watch', tag .. ':paused'
+-- A finish that takes an entry may claim it: then it needs the paused
+-- scopes too, asked with the watch key in one EXISTS (watch_and_paused).
+local n = tonum(ARGV[13]) or 0
+local watched, paused = nil, nil
+if n > 0 then watched, paused = watch_and_paused(watch, paused_key) end
+local pub = publisher(events, watch, watched) -- shared with the claim of the entry taken
 
 local function finish()
   local owner, token, run_id, result, cap = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[9]
@@ -117,7 +124,7 @@ local function finish()
   else
     local next_run_id = ARGV[17] -- nil (untraced): derived if a follow-up starts
     if next_run_id == '' then next_run_id = nil end
-    finish_terminal({task = task, q = queue, hist = hist, index = index, cap = cap,
+    finish_terminal({task = task, q = queue, hist = hist, cap = cap,
       retention = ARGV[10], next_run_id = next_run_id, stages = ARGV[11],
       max_attempts = ARGV[12], now = now, extra = upd, links_from = KEYS[4], links_to = KEYS[5]}, result, ARGV[6], r,
       before)
@@ -139,13 +146,12 @@ local function claim_taken(out, now, now_us)
   if scope ~= ssub(key, bar + 1) then
     return -- another job: the caller claims it with that job's definition
   end
-  local c = {owner = ARGV[1], cap = ARGV[9], pub = pub, retention = ARGV[10], index = index, q = queue, parked = tag .. ':parked', paused = paused_scopes(tag .. ':paused'), now = now,
-    now_us = now_us}
+  local c = {owner = ARGV[1], cap = ARGV[9], pub = pub, retention = ARGV[10], q = queue,
+    parked = tag .. ':parked', paused = paused, now = now, now_us = now_us}
   out[4] = claim_in_slot(c, tag, e, run_id, next_key, source, ARGV[16], '', ARGV[11], ARGV[12])
 end
 
 local out, now, now_us = finish()
-local n = tonum(ARGV[13]) or 0
 if n > 0 then
   if not now then now, now_us = clock() end
   read_lanes(out, queue, ARGV[14] == 'b' and 'b' or 'p', n, now + tonum(ARGV[8]))

@@ -269,9 +269,9 @@ end
 -- call: the watch key's EXISTS is asked once however many records the call
 -- publishes (it cannot change within the call). A call writing several runs
 -- (a batch of submits or claims, a finish that claims the next run) saves
--- a call per run after the first.
-local function publisher(channel, watch_key)
-  local watched = nil
+-- a call per run after the first. watched: whether the key exists, when
+-- the caller knows (watch_and_paused), else nil.
+local function publisher(channel, watch_key, watched)
   return function(task_key)
     if watched == nil then watched = rcall('EXISTS', watch_key) == 1 end
     if watched then publish_view(task_key, channel, nil) end
@@ -454,7 +454,11 @@ local CLAIM_READ = {'runId', 'status', 'cancel', 'attempt', 'maxAttempts', 'toke
 -- A field the caller knows to be empty may be left out (a holder's finish:
 -- nextAttemptAt and waiting are cleared by the claim).
 -- before: an encoded event appended just before the result's (or nil).
--- c: {task, q, hist, index, cap, retention, next_run_id (the follow-up's id:
+-- The task index is not re-scored: it is scored by a key's last request
+-- (submit_one), which is what the console pre-selects by; the janitor
+-- re-scores a candidate whose record still exists, so an entry leaves at
+-- most two retentions after its request.
+-- c: {task, q, hist, cap, retention, next_run_id (the follow-up's id:
 --     '' starts none, nil derives one with follow_up_id),
 --     stages, max_attempts, now, extra (more record fields to write, or nil),
 --     links_from and links_to (or nil): the trace links of the requests
@@ -488,7 +492,6 @@ local function finish_terminal(c, result, err, r, before)
   if r.v and r.v ~= '' then fields[n + 1], fields[n + 2] = 'v', '' end -- the cached view (submit_fast)
   rcall('HSET', c.task, unpk(fields))
   hist_push_after(c.hist, c.cap, before, hist_err(c.now, result, r.runId, r.stage, '', r.owner, r.token, err))
-  rcall('ZADD', c.index, c.now, r.key)
   if r.followUp == '1' and c.next_run_id ~= '' then
     local next_run_id = c.next_run_id or follow_up_id(r.runId)
     if r.partial then ft_read(c.task, FT_FOLLOW_UP, r) end
@@ -747,7 +750,7 @@ local function submit_one(a, vals)
       rcall('HSET', task, unpk(set))
       set = {}
       rcall('ZREM', a.retry, cur .. ' ' .. a.key)
-      finish_terminal({task = task, q = a.q, hist = hist, index = a.index, cap = a.cap,
+      finish_terminal({task = task, q = a.q, hist = hist, cap = a.cap,
         retention = a.retention, next_run_id = a.run_id, stages = a.stages,
         max_attempts = a.max_attempts, now = now, links_from = a.links_next, links_to = a.links_new}, 'cancelled', 'replaced')
       r = nil -- rewritten: the caller reads the view again
@@ -810,6 +813,15 @@ local function paused_scopes(paused_key)
   return paused
 end
 
+-- watch_and_paused returns whether the partition's watch key exists and its
+-- paused scopes (paused_scopes) for a call that claims: one EXISTS of both
+-- keys while neither exists — nobody watches, nothing is paused: the common
+-- case — where the two checks cost a call each.
+local function watch_and_paused(watch_key, paused_key)
+  if rcall('EXISTS', watch_key, paused_key) == 0 then return false, nil end
+  return rcall('EXISTS', watch_key) == 1, paused_scopes(paused_key)
+end
+
 -- scope_paused says whether the run of task is of a paused scope (paused:
 -- paused_scopes' table), and returns its key's parts for parking.
 local function scope_paused(paused, task)
@@ -825,7 +837,7 @@ end
 -- A follow-up's run id '' is derived from the ended run's (follow_up_id).
 local function claim_ending(c, task, hist, next_run_id, def_stages, def_max, run_id)
   if next_run_id == '' then next_run_id = follow_up_id(run_id) end
-  return {task = task, q = c.q, hist = hist, index = c.index, cap = c.cap, retention = c.retention,
+  return {task = task, q = c.q, hist = hist, cap = c.cap, retention = c.retention,
     next_run_id = next_run_id, stages = def_stages, max_attempts = def_max, now = c.now}
 end
 
@@ -833,7 +845,7 @@ end
 -- paused or granted — and on a grant takes the lease with the key's next
 -- fencing token and enters the first incomplete stage (claim.lua has the
 -- reply's contract). c: {owner, cap, pub (publisher), q (queue_at),
--- index, retention, parked (key), paused (paused_scopes), now, now_us
+-- retention, parked (key), paused (paused_scopes), now, now_us
 -- (clock)}; task, lease_key, hist: the entry's run's keys; then the entry,
 -- the lease TTL (ms), a follow-up run id (used if the claim ends the run and
 -- a follow-up is queued; '' derives one, see claim_ending), and this

@@ -6,9 +6,10 @@
 -- answered 'foreign'). A run picked up by an idle runner thus costs one
 -- call after the bell wakes it. (Blocking pops cannot run in a script; an
 -- idle runner blocks on the partition's bell, then calls this.)
--- KEYS[1..4] the partition's queue keys (lib.lua queue_at)
--- KEYS[5] partition index   KEYS[6] partition watch key
--- KEYS[7] partition's paused scopes   KEYS[8] partition's parked runs
+-- KEYS[1..4] the partition's queue keys (lib.lua queue_at); KEYS[1]'s hash
+--         tag (tag_of) names the entries' keys
+-- KEYS[5] partition watch key
+-- KEYS[6] partition's paused scopes   KEYS[7] partition's parked runs
 -- ARGV[1] n   ARGV[2] the preferred lane's letter ('p' or 'b')
 -- ARGV[3] reclaim idle (ms): the entries become reclaimable that long from now
 -- ARGV[4] owner   ARGV[5] history cap   ARGV[6] events channel   ARGV[7] retention (ms)
@@ -29,9 +30,10 @@ for _ = 1, tonum(ARGV[8]) do
   defs[ARGV[j]] = j
   j = j + 4
 end
-local tag = ssub(KEYS[5], 1, #KEYS[5] - 6) -- KEYS[5] is <tag>:index
-local c = {owner = ARGV[4], cap = ARGV[5], pub = publisher(ARGV[6], KEYS[6]), retention = ARGV[7], index = KEYS[5],
-  q = queue_at(KEYS, 1), parked = KEYS[8], paused = paused_scopes(KEYS[7]), now = now, now_us = now_us}
+local tag = tag_of(KEYS[1])
+local watched, paused = watch_and_paused(KEYS[5], KEYS[6])
+local c = {owner = ARGV[4], cap = ARGV[5], pub = publisher(ARGV[6], KEYS[5], watched), retention = ARGV[7],
+  q = queue_at(KEYS, 1), parked = KEYS[7], paused = paused, now = now, now_us = now_us}
 local out = {}
 for _, e in ipairs(taken) do
   out[#out + 1] = e
