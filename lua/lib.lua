@@ -565,9 +565,11 @@ end
 -- clears 'v' in the same HSET when it holds a view (a script that read
 -- it; the others write 'v' = '' unread). The cache is used only while its stamp
 -- (V_TAG, runId, status, updatedAt) still matches the record — every write
--- of a view field sets updatedAt, in this version and before it —, so a
--- writer that does not clear it (an older version during a rolling deploy)
--- cannot make it answer with a stale run, status or stage.
+-- of a view field, in this version and before it, changes the status or
+-- sets updatedAt (a claim's first attempt and a finish write startedAt and
+-- finishedAt instead, and change the status) —, so a writer that does not
+-- clear it (an older version during a rolling deploy) cannot make it answer
+-- with a stale run, status or stage.
 local V_TAG = 'v2' -- bump when VIEW_FIELDS or the stamp change (jobs.TestViewCacheTag pins it)
 
 -- LINKS_MAX bounds a run's trace links (jobs.linksMax).
