@@ -439,6 +439,31 @@ func TestBeginOtherRunResets(t *testing.T) {
 	}
 }
 
+// TestBeginKeepsTheLastSuccess: a new run begun with the standalone API on
+// a record whose run ended done (the engine keeps that time in finishedAt
+// alone) moves it to lastSuccessAt, which minInterval throttling reads.
+func TestBeginKeepsTheLastSuccess(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			f := newFixture(t, b)
+			k := key(t, "message_sync")
+			task := f.ks.Task(k)
+			if err := b.Client.HSet(ctx, task, "runId", "run-0", "status", "done", "finishedAt", "1700000000000").Err(); err != nil {
+				t.Fatal(err)
+			}
+			lease := f.acquire(t, k, "pod-a", 10*time.Second)
+			if _, err := f.store.Begin(ctx, lease, "run-1", stages3); err != nil {
+				t.Fatal(err)
+			}
+			got, err := b.Client.HMGet(ctx, task, "lastSuccessAt", "finishedAt").Result()
+			if err != nil || got[0] != "1700000000000" || got[1] != "" {
+				t.Fatalf("lastSuccessAt, finishedAt after Begin = %v, %v; want the done run's time, empty", got, err)
+			}
+		})
+	}
+}
+
 func TestBeginValidation(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {

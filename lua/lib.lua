@@ -292,12 +292,16 @@ end
 -- the same run keeps its completed stages and cursor (recovery resumes).
 -- Returns done, stage, cursor, attempt.
 local function cp_begin(task_key, run_id, stages_csv, owner, token, now)
-  local rec = rcall('HMGET', task_key, 'runId', 'done', 'cursor', 'stages', 'startedAt')
+  local rec = rcall('HMGET', task_key, 'runId', 'done', 'cursor', 'stages', 'startedAt', 'status', 'finishedAt')
   local done, cursor, stages_now
   if rec[1] ~= run_id then
     done, cursor, stages_now = 0, '', stages_csv
-    rcall('HSET', task_key, 'runId', run_id, 'stages', stages_csv, 'done', '0', 'cursor', '',
-      'attempt', '0', 'startedAt', now, 'finishedAt', '', 'lastError', '', 'cancel', '0', 'v', '')
+    local f = {'runId', run_id, 'stages', stages_csv, 'done', '0', 'cursor', '',
+      'attempt', '0', 'startedAt', now, 'finishedAt', '', 'lastError', '', 'cancel', '0', 'v', ''}
+    -- an engine run that ended done keeps its time in finishedAt alone
+    -- (finish_terminal): moved to lastSuccessAt, as new_run does
+    if rec[6] == 'done' and rec[7] and rec[7] ~= '' then f[#f + 1], f[#f + 2] = 'lastSuccessAt', rec[7] end
+    rcall('HSET', task_key, unpk(f))
   else
     done, cursor, stages_now = tonum(rec[2]) or 0, rec[3] or '', rec[4] or stages_csv
     if not rec[5] or rec[5] == '' then rcall('HSET', task_key, 'startedAt', now, 'v', '') end
