@@ -237,6 +237,16 @@ func (h *harness) judgeAccepted(r acceptedReq, cancels map[string][]time.Time) (
 	if d.current(r.runID) && d.followUp {
 		return "", "", final // the follow-up is still visibly queued
 	}
+	// A cancel answered after the request was sent drops a queued follow-up
+	// (lua/cancel.lua): whatever run the history shows next is a fresh one,
+	// not this request's to reflect. Checked before that next run, because
+	// the snapshot reads a key's record before its history (readKeys): a
+	// fresh run started in between is in the history but not the record.
+	for _, c := range cancels[r.key.String()] {
+		if c.After(r.sent) {
+			return "", "", final
+		}
+	}
 	if rs := d.runs[r.runID]; rs != nil {
 		next, at := "", -1
 		for id, o := range d.runs {
@@ -250,11 +260,6 @@ func (h *harness) judgeAccepted(r acceptedReq, cancels map[string][]time.Time) (
 			}
 			return "", fmt.Sprintf("the follow-up run %s after run %s neither ended nor is the key's active run in %s",
 				next, r.runID, state()), final
-		}
-	}
-	for _, c := range cancels[r.key.String()] {
-		if c.After(r.sent) {
-			return "", "", final // a cancel dropped the follow-up
 		}
 	}
 	ended := "not ended"

@@ -139,6 +139,11 @@ func TestCheckerAcceptedRequestsAreReflected(t *testing.T) {
 		{"queued, the follow-up dropped by a later cancel", final(acceptKeyData("r1", jobs.StatusCancelled, false,
 			append(r1done[:2:2], hev{3 * time.Second, "r1", "cancelled"})...)),
 			nil, []acceptedReq{queued("r1", 2*time.Second)}, []time.Duration{2500 * time.Millisecond}, 0, 1},
+		// CI seed 1796228366033615002: the record was read after the cancel
+		// ended r1 and before a fresh request started r2, the history after.
+		{"queued, the follow-up dropped by a later cancel, a fresh run only in the history", final(acceptKeyData("r1", jobs.StatusCancelled, false,
+			append(r1done[:2:2], hev{3 * time.Second, "r1", "cancelled"}, hev{4 * time.Second, "r2", "requested"})...)),
+			nil, []acceptedReq{queued("r1", 2*time.Second)}, []time.Duration{2500 * time.Millisecond}, 0, 1},
 		{"queued, a cancel before it does not drop it", final(acceptKeyData("r1", jobs.StatusCancelled, false,
 			append(r1done[:2:2], hev{3 * time.Second, "r1", "cancelled"})...)),
 			nil, []acceptedReq{queued("r1", 2*time.Second)}, []time.Duration{1500 * time.Millisecond}, 1, 1},
