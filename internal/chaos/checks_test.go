@@ -132,6 +132,30 @@ func TestCheckerExactlyOncePerOccurrence(t *testing.T) {
 	}
 }
 
+// TestCheckerExactlyOnceSpanEndsAreExact: a coalesced span's first and
+// last requests are at known times, so the bucket of each gets one even
+// when an earlier bucket holds two occurrences (one never seen finished is
+// checked with the next). Here occurrences 1 and 2 share a bucket and got
+// one request between them, occurrence 3 got its own: the shared bucket is
+// the one short, not occurrence 3's (CI seed 1796228366033615002 blamed
+// the later bucket).
+func TestCheckerExactlyOnceSpanEndsAreExact(t *testing.T) {
+	states := map[int64]occState{
+		1: {occ: 1, startedAt: 1000, finishedAt: 1600, done: true}, // finished after 2 was claimed: merged
+		2: {occ: 2, startedAt: 1500, finishedAt: 1700, done: true},
+		3: {occ: 3, startedAt: 2000, finishedAt: 2500, done: true},
+	}
+	h := checkerHarness(t, "u1")
+	sched := []schedReq{{at: 1600, last: 2100, count: 2, event: "joined"}}
+	ep := &epoch{start: 0, end: 3000, fired: []int64{1, 2, 3}, states: states,
+		keys: map[string]*keyData{taskkey.MustNew("u1", bulkScope).String(): {sched: sched, events: len(sched), first: 1}}}
+	h.checkOnce(0, ep)
+	got := h.viol.of(checkOnce)
+	if len(got) != 1 || !strings.Contains(got[0], "got 1 schedule request(s), want 2") {
+		t.Fatalf("violations %q, want one: the bucket of occurrences 1 and 2 got 1 of 2", got)
+	}
+}
+
 // A run that was active before the window coalesces its older requests
 // with the first one inside it. The checker must not count the older ones
 // into the window's buckets: that pushed the next occurrence's requests

@@ -167,6 +167,19 @@ func (h *harness) checkOnce(i int, ep *epoch) (fired, checked int) {
 			}
 			drop := after
 			left := r.count
+			// The span's first and last requests are at known times (r.at,
+			// r.last): their buckets get one each before the rest is
+			// spread. (Spreading all of them oldest first put the last
+			// one's into an earlier bucket holding two occurrences, and
+			// blamed the last bucket: CI seed 1796228366033615002.)
+			if !before && left > 0 {
+				c[idx[0]]++
+				left--
+			}
+			if !after && len(idx) > 1 && left > 0 {
+				c[idx[len(idx)-1]]++
+				left--
+			}
 			for n, i := range idx {
 				take := min(left, int64(len(bs[i].occs))-c[i])
 				if n == len(idx)-1 && !drop {
