@@ -26,10 +26,11 @@
 -- max(token + 1, Redis TIME µs) (next_token), so no separate counter key.
 -- Cost of a grant: HMGET of 13 fields (CLAIM_READ; a retry's due time
 -- and a crashed holder's owner are read only then), TIME, SET NX lease,
--- HSET of what changed, RPUSH, EXISTS watch (the entry stays in the taken set as
--- the read scored it: the holder's heartbeat moves it on);
--- plus one SMEMBERS of the paused set per call (an empty set while nothing is
--- paused: the only cost of pause on the hot path).
+-- HSET of what changed, RPUSH (the entry stays in the taken set as the read
+-- scored it: the holder's heartbeat moves it on); plus, once per call, one
+-- EXISTS of the watch and paused keys (lib.lua watch_and_paused: while
+-- nobody watches and nothing is paused, the only cost of views and pause
+-- on the hot path).
 local now, now_us = clock()
 local watched, paused = watch_and_paused(KEYS[1], KEYS[6])
 local c = {owner = ARGV[1], cap = ARGV[2], pub = publisher(ARGV[3], KEYS[1], watched), retention = ARGV[4],
