@@ -1,10 +1,14 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -28,6 +32,7 @@ type e2eResult struct {
 	benchCPUus  float64 // CPU of this process (submitters + runner/server)
 	bytesPerKey float64 // MEMORY USAGE of every key ÷ runs (e2e_1stage only)
 	bytesByKind map[string]int64
+	commands    map[string]cmdStat // per-command deltas over the window
 }
 
 // e2e: N distinct no-op runs submitted by 50 goroutines to an idle runner
@@ -51,6 +56,10 @@ func (b *bench) e2e(rep, stages int) error {
 		return fmt.Errorf("asynq: %w", err)
 	}
 	b.rep.add2(name+"_per_s", tl.rate, as.rate)
+	if b.commands {
+		b.progress("%s rep %d: tasklease per run: %s", name, rep, formatCommands(tl.commands, b.sz.E2ERuns))
+		b.progress("%s rep %d: asynq per run: %s", name, rep, formatCommands(as.commands, b.sz.E2ERuns))
+	}
 	b.progress("%s rep %d: tasklease %.0f runs/s (redis %.1f µs of which sys %.1f, %.1f calls, %.2f round trips per run), asynq %.0f runs/s (redis %.1f µs of which sys %.1f, %.1f calls, %.2f round trips per run)",
 		name, rep, tl.rate, tl.redisCPUus, tl.redisSysUs, tl.redisCalls, tl.roundTrips, as.rate, as.redisCPUus, as.redisSysUs, as.redisCalls, as.roundTrips)
 	if !oneStage {
@@ -139,6 +148,7 @@ func (m *meter) stop(n int) (e2eResult, error) {
 		redisCalls: float64(snap.calls-m.srv.calls) / per,
 		roundTrips: float64(trips) / per,
 		benchCPUus: float64(proc.Microseconds()) / per,
+		commands:   commandDeltas(m.srv.byCmd, snap.byCmd),
 	}, nil
 }
 
@@ -294,4 +304,33 @@ func (b *bench) e2eAsynq(name string, rep int, check time.Duration, withBytes bo
 		res.bytesPerKey, res.bytesByKind = float64(bytes)/float64(qi.Completed), byKind
 	}
 	return res, nil
+}
+
+// commandDeltas is after − before, by command, for commands that ran.
+func commandDeltas(before, after map[string]cmdStat) map[string]cmdStat {
+	out := map[string]cmdStat{}
+	for k, a := range after {
+		d := cmdStat{calls: a.calls - before[k].calls, usec: a.usec - before[k].usec}
+		if d.calls > 0 && k != "info" && k != "config|resetstat" {
+			out[k] = d
+		}
+	}
+	return out
+}
+
+// formatCommands lists commands by Redis time, each as calls and µs per
+// run (a script's µs include the commands it called).
+func formatCommands(cmds map[string]cmdStat, runs int) string {
+	names := slices.SortedFunc(maps.Keys(cmds), func(a, b string) int {
+		return cmp.Compare(cmds[b].usec, cmds[a].usec)
+	})
+	var sb strings.Builder
+	per := float64(runs)
+	for i, k := range names {
+		if i > 0 {
+			sb.WriteString(", ")
+		}
+		fmt.Fprintf(&sb, "%s %.2f× %.1fµs", k, float64(cmds[k].calls)/per, float64(cmds[k].usec)/per)
+	}
+	return sb.String()
 }

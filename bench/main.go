@@ -121,6 +121,9 @@ type bench struct {
 	sz    sizes
 	rep   *report
 	log   io.Writer // progress lines (stderr)
+	// commands: print each end-to-end window's Redis commands per run
+	// (--commands), to see where a system's Redis time goes.
+	commands bool
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -135,9 +138,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	only := fs.String("only", "", "comma-separated measurements to run: "+measureNames())
 	jsonFile := fs.String("json-out", "", "also write the JSON object to this file")
 	callgrind := fs.Bool("callgrind", false, "run Redis under valgrind's callgrind and report the instructions it executes per run/request (deterministic; rates are meaningless then, use with --quick)")
+	commands := fs.Bool("commands", false, "print the Redis commands per run of every end-to-end window (INFO commandstats: calls and µs per run, by command)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the bench process (both systems' clients and servers) to this file")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: go run . [--json] [--json-out FILE] [--reps N] [--quick] [--only name,name] [--cpuprofile FILE] [--callgrind]\n\n")
+		fmt.Fprintf(stderr, "usage: go run . [--json] [--json-out FILE] [--reps N] [--quick] [--only name,name] [--cpuprofile FILE] [--callgrind] [--commands]\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -164,7 +168,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	admin := redis.NewClient(&redis.Options{Addr: srv.addr, PoolSize: 16, DisableIdentity: true})
 	defer admin.Close()
 
-	b := &bench{ctx: ctx, addr: srv.addr, srv: srv, admin: admin, sz: fullSizes, log: stderr}
+	b := &bench{ctx: ctx, addr: srv.addr, srv: srv, admin: admin, sz: fullSizes, log: stderr, commands: *commands}
 	if *quick {
 		b.sz = quickSizes
 	}

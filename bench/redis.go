@@ -264,6 +264,13 @@ type serverSnapshot struct {
 	cpu   time.Duration // used_cpu_user + used_cpu_sys
 	sys   time.Duration // used_cpu_sys alone: the kernel's share (socket I/O)
 	calls int64         // sum of calls over INFO commandstats
+	byCmd map[string]cmdStat
+}
+
+// cmdStat is one command's line of INFO commandstats.
+type cmdStat struct {
+	calls int64
+	usec  int64 // time Redis spent in it; a script's own line includes its commands'
 }
 
 // takeSnapshot reads INFO cpu and INFO commandstats. Commands run inside
@@ -271,7 +278,7 @@ type serverSnapshot struct {
 // so calls counts the work a script does, not client requests; client
 // round trips are counted with tripCounter.
 func takeSnapshot(ctx context.Context, rdb redis.UniversalClient) (serverSnapshot, error) {
-	var s serverSnapshot
+	s := serverSnapshot{byCmd: map[string]cmdStat{}}
 	cpu, err := info(ctx, rdb, "cpu")
 	if err != nil {
 		return s, err
@@ -295,12 +302,16 @@ func takeSnapshot(ctx context.Context, rdb redis.UniversalClient) (serverSnapsho
 		if !strings.HasPrefix(k, "cmdstat_") || k == "cmdstat_info" || k == "cmdstat_config" {
 			continue
 		}
+		var cs cmdStat
 		for _, kv := range strings.Split(v, ",") {
 			if n, ok := strings.CutPrefix(kv, "calls="); ok {
-				c, _ := strconv.ParseInt(n, 10, 64)
-				s.calls += c
+				cs.calls, _ = strconv.ParseInt(n, 10, 64)
+			} else if n, ok := strings.CutPrefix(kv, "usec="); ok {
+				cs.usec, _ = strconv.ParseInt(n, 10, 64)
 			}
 		}
+		s.calls += cs.calls
+		s.byCmd[strings.TrimPrefix(k, "cmdstat_")] = cs
 	}
 	return s, nil
 }

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"log/slog"
 	"maps"
+	"runtime"
 	"slices"
 	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tasklease/tasklease/internal/groupcommit"
 	"github.com/tasklease/tasklease/internal/keyspace"
 	"github.com/tasklease/tasklease/internal/wait"
 )
@@ -113,10 +115,13 @@ func (r *Runner) dropEntry(ctx context.Context, e entry) {
 
 // fetchLoop takes work from partition p's lanes. While slots are free it
 // takes, without blocking, as many entries as it has slots (people's lane
-// first), claimed in the same script; when both lanes are empty it
-// blocks on the partition's bell without holding a slot, so idle
-// partitions never hold capacity another partition could use. A ring lost
-// to a runner that died before reading costs at most FetchBlock.
+// first), claimed in the same script. When both lanes are empty it waits on
+// the partition's bell: with a slot of its own when enough are free
+// (waitAndRead: the read that follows the wait is sent with it, so a
+// request to an idle runner starts one round trip sooner), else without one
+// (a plain wait, then a read), so idle partitions hold at most half of the
+// runner's capacity, and only until the wait ends (at most FetchBlock). A
+// ring lost to a runner that died before reading costs at most FetchBlock.
 func (r *Runner) fetchLoop(ctx context.Context, p int) {
 	failures := 0
 	onErr := func(err error) bool {
@@ -131,38 +136,124 @@ func (r *Runner) fetchLoop(ctx context.Context, p int) {
 	}
 	bell := r.reg.ks.Bell(p)
 	blockSeconds := strconv.FormatFloat(r.cfg.FetchBlock.Seconds(), 'f', 3, 64)
+	waited := false // the last wait carried its read, and it found nothing
 	for ctx.Err() == nil {
-		if !r.acquire(ctx) {
-			return
-		}
-		n := 1 + r.tryAcquire(r.cfg.FetchBatch-1)
-		// Not cancelled with ctx: runs this call claims must be started (a
-		// stopping runner hands them back after the grace), not left to
-		// wait out their lease.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseTTL)
-		sent := time.Now()
-		res, err := evalOne(rctx, r.reg.gc, r.readCall(p, n))
-		next := r.decodeNext(rctx, p, res, sent)
-		cancel()
-		if err != nil {
-			r.release(n)
-			if !onErr(err) {
+		if !waited {
+			if !r.acquire(ctx) {
 				return
+			}
+			n := 1 + r.tryAcquire(r.cfg.FetchBatch-1)
+			next, err := r.read(ctx, p, n)
+			if err != nil {
+				r.release(n)
+				if !onErr(err) {
+					return
+				}
+				continue
+			}
+			failures = 0
+			if len(next) > 0 {
+				r.startTaken(next, n)
+				continue
+			}
+			r.release(n)
+		}
+		waited = false
+		carried := r.holdIdleSlot()
+		if h := r.testHooks.idleWait; h != nil {
+			h(p, carried)
+		}
+		if carried {
+			next, err := r.waitAndRead(ctx, p, bell, blockSeconds)
+			if h := r.testHooks.waitRead; h != nil && err == nil {
+				h(p, len(next))
+			}
+			switch {
+			case err != nil:
+				r.release(1)
+				if !errors.Is(err, errReadNotRun) && !onErr(err) {
+					return
+				}
+			case len(next) > 0:
+				failures = 0
+				r.startTaken(next, 1)
+				// Let the run someone may be waiting for start before
+				// this goroutine's next read takes the processor.
+				runtime.Gosched()
+			default:
+				failures = 0
+				r.release(1)
+				waited = true
 			}
 			continue
 		}
-		failures = 0
-		if len(next) > 0 {
-			r.startTaken(next, n)
-			continue
-		}
-		r.release(n)
 		// BLPOP through Do: go-redis's BLPop rounds timeouts up to whole
 		// seconds, and Redis takes fractions.
-		err = r.reg.rdb.Do(ctx, "BLPOP", bell, blockSeconds).Err()
+		err := r.reg.rdb.Do(ctx, "BLPOP", bell, blockSeconds).Err()
 		if err != nil && !errors.Is(err, redis.Nil) && !onErr(err) {
 			return
 		}
+	}
+}
+
+// read runs a read_next.lua call taking up to n entries of partition p.
+// Not cancelled with ctx: runs the call claims must be started (a stopping
+// runner hands them back after the grace), not left to wait out their
+// lease.
+func (r *Runner) read(ctx context.Context, p, n int) ([]nextEntry, error) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseTTL)
+	defer cancel()
+	sent := time.Now()
+	res, err := evalOne(rctx, r.reg.gc, r.readCall(p, n))
+	return r.decodeNext(rctx, p, res, sent), err
+}
+
+// holdIdleSlot takes a slot for an idle partition's wait (waitAndRead)
+// when at least half of the runner's slots stay free with it taken, and
+// when FetchBlock is at most a sixth of the shortest lease TTL: a claim
+// made by the read sent with a wait counts its lease from when the wait
+// was sent, up to FetchBlock before it was granted, so the first renewal
+// still comes at least TTL/6 after the grant.
+func (r *Runner) holdIdleSlot() bool {
+	if r.cfg.FetchBlock*6 > r.reclaimIdle {
+		return false
+	}
+	free := cap(r.slots) - len(r.slots)
+	return free-1 >= cap(r.slots)/2 && r.tryAcquire(1) == 1
+}
+
+// errReadNotRun: the read sent with a wait did not run (its script or the
+// library was not loaded); the next plain read loads it.
+var errReadNotRun = errors.New("jobs: the read sent with the wait did not run")
+
+// waitAndRead waits on partition p's bell and reads one entry, in one
+// pipeline: Redis keeps the read queued behind the blocked BLPOP and runs
+// it as soon as the wait ends, in the same turn as the request that rang
+// the bell, and both answers come back together — one round trip for the
+// wait and the claim instead of two. The caller holds the slot the read
+// may fill.
+func (r *Runner) waitAndRead(ctx context.Context, p int, bell, blockSeconds string) ([]nextEntry, error) {
+	// Not cancelled with ctx (see read); go-redis does not interrupt a
+	// blocked read on cancellation anyway, so shutdown waits for the wait.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.FetchBlock+r.cfg.LeaseTTL)
+	defer cancel()
+	call := r.readCall(p, 1)
+	cmd := r.reg.gc.ScriptCmd(rctx, call.script.Hash(), call.keys, call.args...)
+	pipe := r.reg.rdb.Pipeline()
+	pipe.Do(rctx, "BLPOP", bell, blockSeconds)
+	_ = pipe.Process(rctx, cmd)
+	sent := time.Now()
+	_, _ = pipe.Exec(rctx) // each command's error is in its Cmd
+	res, err := cmd.Slice()
+	switch {
+	case err == nil:
+		// A claim's lease counts from sent: the read ran after the wait,
+		// so the runner's view of the lease is conservative (holdIdleSlot).
+		return r.decodeNext(rctx, p, res, sent), nil
+	case groupcommit.IsFunctionMissing(err) || redis.HasErrorPrefix(err, "NOSCRIPT"):
+		return nil, errReadNotRun
+	default:
+		return nil, err
 	}
 }
 

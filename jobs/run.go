@@ -49,7 +49,9 @@ func (r *Run) Attempt() int { return r.attempt }
 // Source returns the source of the request that started this attempt.
 func (r *Run) Source() Source { return r.source }
 
-// Sources returns the sources of every request merged into the run.
+// Sources returns the sources of every request merged into the run when
+// this attempt started; requests that join it later are in the task's
+// view (Registry.Get, TaskView.Sources).
 func (r *Run) Sources() []Source { return append([]Source(nil), r.sources...) }
 
 // FencingToken returns the lease's fencing token. Pass it to every

@@ -32,9 +32,12 @@ type RunnerConfig struct {
 	// told apart from its previous life. Default: the hostname.
 	ID string
 	// Concurrency bounds the runs executing at once (default 16). Keep it at
-	// least the partition count for the lowest pick-up latency, and size the
-	// Redis pool to Concurrency + partitions + a few (blocking reads hold a
-	// connection each).
+	// least twice the partition count for the lowest pick-up latency: an
+	// idle partition's wait on its bell holds a slot for the read sent
+	// with it while at least half the slots stay free, and a partition
+	// waiting without one needs a round trip more. Size the Redis pool to
+	// Concurrency + partitions + a few (blocking reads hold a connection
+	// each).
 	Concurrency int
 	// LeaseTTL of runs whose job sets none (default 15s). The lease is
 	// renewed every TTL/3 and given up after 2/3 TTL without a confirmed
@@ -45,7 +48,9 @@ type RunnerConfig struct {
 	ShutdownGrace time.Duration
 	// FetchBlock is how long an idle partition's wait on its bell blocks
 	// (default 1s); shutdown waits for the waits in flight, so keep it
-	// short. It also bounds how long a lost ring delays work.
+	// short. It also bounds how long a lost ring delays work, and how long
+	// idle partitions hold slots. A wait carries its read only when
+	// FetchBlock is at most a sixth of the shortest lease TTL.
 	FetchBlock time.Duration
 	// FetchBatch bounds the entries taken per read (default 16).
 	FetchBatch int
@@ -138,6 +143,11 @@ type Runner struct {
 	// production.
 	testHooks struct {
 		cancelHandled func(payload string) // after a cancel message was handled
+		// idleWait: partition p's fetcher is about to wait on its bell,
+		// holding a slot for the read sent with the wait (carried) or not.
+		idleWait func(p int, carried bool)
+		// waitRead: the read sent with a wait on partition p took n entries.
+		waitRead func(p, n int)
 	}
 
 	mu     sync.Mutex
