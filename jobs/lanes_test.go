@@ -429,3 +429,57 @@ func TestLanesBulkNotStarvedInAnyPartitionDefaults(t *testing.T) {
 	t.Parallel()
 	lnStarve(t, "ln5", 16, 16, 1500, 2*16*(bulkFirstEvery+3))
 }
+
+// A read takes from the preferred lane first and the rest from the other
+// lane (on Redis 7 one LMPOP, then an LPOP for the rest; elsewhere two
+// LPOPs), claims what it takes, and takes nothing from empty lanes.
+func TestLanesReadTakesTheRestFromTheOtherLane(t *testing.T) {
+	t.Parallel()
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			e := lnEnv(t, b.Client, "ln6", &lnOrder{})
+			clSubmit(t, e.reg, "person", lnScope, SourceManual, "")
+			for _, s := range lnSchedule(4) {
+				clSubmit(t, e.reg, s, lnScope, SourceSchedule, "")
+			}
+			rn, err := NewRunner(e.reg, RunnerConfig{ID: "ln6", Concurrency: 8})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			subjects := func(next []nextEntry) []string {
+				var out []string
+				for _, n := range next {
+					if n.claim == nil || n.claim.kind != claimGranted {
+						t.Fatalf("entry %s not claimed by the read: %+v", n.e.key, n.claim)
+					}
+					out = append(out, n.e.key.Subject())
+				}
+				return out
+			}
+			for _, step := range []struct {
+				n            int
+				want         []string
+				people, bulk int64
+			}{
+				{3, []string{"person", "s00", "s01"}, 0, 2}, // people first, the rest from bulk
+				{3, []string{"s02", "s03"}, 0, 0},           // people empty: bulk only
+				{3, nil, 0, 0},                              // both empty
+			} {
+				next, err := rn.read(ctx, 0, step.n)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := subjects(next); !slices.Equal(got, step.want) {
+					t.Fatalf("read of %d took %v, want %v", step.n, got, step.want)
+				}
+				if p, bl := lnLens(t, e); p != step.people || bl != step.bulk {
+					t.Fatalf("after taking %v: lanes people %d bulk %d, want %d and %d", step.want, p, bl, step.people, step.bulk)
+				}
+			}
+			if n, _ := e.rdb.ZCard(ctx, e.reg.ks.Taken(0)).Result(); n != 5 {
+				t.Fatalf("taken set holds %d entries, want the 5 read", n)
+			}
+		})
+	}
+}

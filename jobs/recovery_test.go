@@ -913,3 +913,45 @@ func recHoldOnA(push *seenLog) HandlerFunc {
 		return nil
 	})
 }
+
+// A finish after the run's lease expired is refused even when nobody has
+// taken the run over yet (the record still carries the attempt's token):
+// the run is recovered as after a crash, and its first attempt never
+// records a result.
+func TestFinishAfterTheLeaseExpiredIsRefused(t *testing.T) {
+	t.Parallel()
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			var calls atomic.Int32
+			var e *testEnv
+			stage := HandlerFunc(func(ctx context.Context, run *Run) error {
+				if calls.Add(1) == 1 {
+					// The lease expires while the stage runs (an expired key is
+					// an absent one).
+					k, _, _ := e.reg.key(run.Subject(), "course_sync")
+					if err := e.rdb.Del(ctx, e.reg.ks.Lease(k)).Err(); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			e = newEnv(t, b.Client, Config{Prefix: "fexp", Jobs: []Job{clJob("course_sync", Stage{Name: "only", Handler: stage})}})
+			e.startRunner(RunnerConfig{ID: "fexp", LeaseTTL: 300 * time.Millisecond})
+			clSubmit(t, e.reg, "u1", "course_sync", SourceManual, "")
+			var v TaskView
+			waitFor(t, 10*time.Second, "the run done", func() bool {
+				v, _ = e.reg.Get(context.Background(), "u1", "course_sync")
+				if v.Status == StatusDone {
+					return true
+				}
+				if calls.Load() > 0 {
+					b.Advance(100 * time.Millisecond) // until the taken entry is reclaimable
+				}
+				return false
+			})
+			if v.Attempt != 2 || calls.Load() != 2 {
+				t.Fatalf("done at attempt %d after %d stage calls, want the expired attempt refused and a second attempt", v.Attempt, calls.Load())
+			}
+		})
+	}
+}

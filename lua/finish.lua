@@ -38,11 +38,13 @@
 -- are derived from the entry's task key and this key's partition tag: the
 -- exception to "every key in KEYS" with the partition's keys, in the slot
 -- of the declared keys.
--- Cost of a done run: GET lease, HMGET of 10 fields (a retry or
--- hand-back reads 3 more, a follow-up's start 3 more), TIME, DEL lease, ZREM taken, HSET,
+-- Cost of a done run: HMGET of 10 fields (a retry or hand-back reads 3
+-- more, a follow-up's start 3 more), TIME, DEL lease (which also tells
+-- whether it is held), ZREM taken, HSET,
 -- RPUSH (the stage and the result events together), PEXPIRE x2, EXISTS
 -- watch (of watch and paused keys together when it takes an entry); the read
--- adds LPOP per lane until it has its entries, ZADD taken, and LLEN of the
+-- adds LMPOP of both lanes (Redis 7; elsewhere LPOP per lane until it
+-- has its entries), ZADD taken, and LLEN of the
 -- bell when it took all it asked for — instead of a separate read's round
 -- trip.
 local task, lease_key, hist = KEYS[1], KEYS[2], KEYS[3]
@@ -60,7 +62,6 @@ local pub = publisher(events, watch, watched) -- shared with the claim of the en
 
 local function finish()
   local owner, token, run_id, result, cap = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[9]
-  if rcall('GET', lease_key) ~= lease_value(token, owner) then return {0, ''} end
   -- the record fields every finish reads (the fence, the completed stage's
   -- check and what finish_terminal clears); the holder's claim wrote the
   -- rest of what finish_terminal needs (entry, owner, key), or
@@ -70,6 +71,11 @@ local function finish()
   -- written again (a field read costs less than one written).
   local v = rcall('HMGET', task, 'runId', 'token', 'stage', 'stages', 'done', 'followUp', 'cancel', 'lastError',
     'cursor', 'v')
+  -- Held: the record has this grant's token and the lease key still
+  -- exists. Every grant sets the lease key and the record's token in one
+  -- script, so while the record has this token the lease key, if it
+  -- exists, is this grant's: the DEL below tells whether it exists
+  -- (instead of a GET of its value first).
   if v[1] ~= run_id or v[2] ~= token then return {0, ''} end
   local r = {runId = v[1], token = v[2], stage = v[3] or nil, stages = v[4] or nil, done = v[5] or nil,
     followUp = v[6] or nil, cancel = v[7] or nil, lastError = v[8] or nil, v = v[10] or nil,
@@ -79,7 +85,10 @@ local function finish()
   local upd = nil    -- the completed stage's checkpoint fields, written with the result's
   if ARGV[5] ~= '' then
     local done = tonum(r.done) or 0
-    if list_at(r.stages, done + 1) ~= ARGV[5] then return {-1, ''} end
+    if list_at(r.stages, done + 1) ~= ARGV[5] then
+      if rcall('GET', lease_key) ~= lease_value(token, owner) then return {0, ''} end
+      return {-1, ''}
+    end
     upd = {'done', int_str(done + 1)}
     if v[9] and v[9] ~= '' then upd[3], upd[4] = 'cursor', '' end
     if result == 'handback' then
@@ -89,7 +98,7 @@ local function finish()
     end
     before = hist_ev(now, 'stage', run_id, '', ARGV[5], 'done', owner, token)
   end
-  rcall('DEL', lease_key)
+  if rcall('DEL', lease_key) == 0 then return {0, ''} end -- expired: not held
   local attempt, max_attempts = 1, 1
   if result == 'retry' or result == 'handback' then
     ft_read(task, {'attempt', 'maxAttempts', 'sources'}, r)

@@ -9,9 +9,12 @@
 -- for an upvalue, and a run makes a few hundred. They cannot be bound when
 -- the library loads: its loading environment has neither the string
 -- library nor redis.call.
-local rcall, ssub, sfind, tonum, unpk
+-- has_lmpop: Redis 7's LMPOP pops from the first non-empty of several
+-- lists in one call (read_lanes); Redis 6 and the embedded Redis have none.
+local rcall, ssub, sfind, tonum, unpk, has_lmpop
 local function bind()
   rcall, ssub, sfind, tonum, unpk = redis.call, string.sub, string.find, tonumber, unpack
+  has_lmpop = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
 end
 
 -- clock returns Redis time once, as decimal strings: milliseconds and
@@ -771,6 +774,18 @@ local function submit_one(a, vals)
   return outcome, '\30' .. view_reply(r)
 end
 
+-- taken_pairs appends the entries of list (a popped lane's, or nil) to out
+-- and their ZADD pairs (score due) to za from index j; returns the new j.
+local function taken_pairs(za, j, out, list, due)
+  if not list then return j end
+  for i = 1, #list do
+    za[j + 1], za[j + 2] = due, list[i]
+    j = j + 2
+    out[#out + 1] = list[i]
+  end
+  return j
+end
+
 -- read_lanes takes up to n entries of a partition, from lane `first` ('p'
 -- or 'b') and from the other only for what is left, into the taken set
 -- with score `due` (when they become reclaimable, ms), appending them to
@@ -779,23 +794,26 @@ end
 -- with nothing left costs an idle runner one empty read, and a busy system
 -- has a token waiting already, so the ring is one LLEN).
 local function read_lanes(out, q, first, n, due)
-  local want = n
-  local lane = first
-  for _ = 1, 2 do
-    if want <= 0 then break end
-    local got = rcall('LPOP', q[lane], int_str(want))
-    if got then
-      local za = {}
-      for i = 1, #got do
-        za[2 * i - 1], za[2 * i] = due, got[i]
-        out[#out + 1] = got[i]
-      end
-      rcall('ZADD', q.taken, unpk(za))
-      want = want - #got
+  local other = first == 'p' and 'b' or 'p'
+  local got, rest
+  if has_lmpop then
+    -- One call when the first lane is empty (it pops from the other) or
+    -- has enough; a second only for the rest when it has fewer.
+    local r = rcall('LMPOP', '2', q[first], q[other], 'LEFT', 'COUNT', int_str(n))
+    if r then
+      got = r[2]
+      if r[1] == q[first] and #got < n then rest = rcall('LPOP', q[other], int_str(n - #got)) end
     end
-    lane = lane == 'p' and 'b' or 'p'
+  else
+    got = rcall('LPOP', q[first], int_str(n))
+    local k = got and #got or 0
+    if k < n then rest = rcall('LPOP', q[other], int_str(n - k)) end
   end
-  if want <= 0 then ring(q) end
+  local za = {}
+  local j = taken_pairs(za, 0, out, got, due)
+  j = taken_pairs(za, j, out, rest, due)
+  if j > 0 then rcall('ZADD', q.taken, unpk(za)) end
+  if j == 2 * n then ring(q) end
   return out
 end
 
