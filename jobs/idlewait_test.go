@@ -35,6 +35,22 @@ func watchIdleWaits(rn *Runner) *idleWaits {
 	return w
 }
 
+// startWatched runs a Runner whose idle waits w records, until the test
+// ends.
+func startWatched(t *testing.T, e *testEnv, cfg RunnerConfig) (*Runner, *idleWaits) {
+	t.Helper()
+	rn, err := NewRunner(e.reg, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := watchIdleWaits(rn)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- rn.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return rn, w
+}
+
 func (w *idleWaits) partitionsWaiting() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -61,15 +77,7 @@ func TestIdleWaitCarriesTheRead(t *testing.T) {
 		t.Run(b.Name, func(t *testing.T) {
 			c := &counter{}
 			e := newEnv(t, b.Client, Config{Prefix: "iw1", Partitions: 2, Jobs: []Job{clJob("sync", Stage{Name: "only", Handler: c})}})
-			rn, err := NewRunner(e.reg, RunnerConfig{ID: "iw", Concurrency: 8, FetchBlock: 2 * time.Second})
-			if err != nil {
-				t.Fatal(err)
-			}
-			w := watchIdleWaits(rn)
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 1)
-			go func() { done <- rn.Run(ctx) }()
-			defer func() { cancel(); <-done }()
+			_, w := startWatched(t, e, RunnerConfig{ID: "iw", Concurrency: 8, FetchBlock: 2 * time.Second})
 			waitFor(t, 5*time.Second, "both partitions waiting", func() bool { return w.partitionsWaiting() == 2 })
 			for i, subject := range []string{"a", "b", "c"} {
 				clSubmit(t, e.reg, subject, "sync", SourceManual, "")
@@ -92,15 +100,7 @@ func TestIdleWaitsHoldAtMostHalfTheSlots(t *testing.T) {
 	m := redistest.StartMini(t)
 	g := newGate()
 	e := newEnv(t, m.Client(t), Config{Prefix: "iw2", Partitions: 4, Jobs: []Job{clJob("sync", Stage{Name: "only", Handler: g})}})
-	rn, err := NewRunner(e.reg, RunnerConfig{ID: "iw", Concurrency: 4, FetchBlock: 100 * time.Millisecond, ShutdownGrace: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := watchIdleWaits(rn)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- rn.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	rn, w := startWatched(t, e, RunnerConfig{ID: "iw", Concurrency: 4, FetchBlock: 100 * time.Millisecond, ShutdownGrace: time.Second})
 	waitFor(t, 5*time.Second, "all partitions waiting", func() bool { return w.partitionsWaiting() == 4 })
 	if held := len(rn.slots); held > 2 {
 		t.Fatalf("idle partitions hold %d of 4 slots, want at most 2", held)
@@ -137,15 +137,7 @@ func TestIdleWaitHoldsNoSlotWhenLeasesAreShort(t *testing.T) {
 	m := redistest.StartMini(t)
 	c := &counter{}
 	e := newEnv(t, m.Client(t), Config{Prefix: "iw3", Partitions: 2, Jobs: []Job{clJob("sync", Stage{Name: "only", Handler: c})}})
-	rn, err := NewRunner(e.reg, RunnerConfig{ID: "iw", Concurrency: 8, FetchBlock: 100 * time.Millisecond, LeaseTTL: 500 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := watchIdleWaits(rn)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- rn.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	_, w := startWatched(t, e, RunnerConfig{ID: "iw", Concurrency: 8, FetchBlock: 100 * time.Millisecond, LeaseTTL: 500 * time.Millisecond})
 	waitFor(t, 5*time.Second, "both partitions waiting", func() bool { return w.partitionsWaiting() == 2 })
 	clSubmit(t, e.reg, "a", "sync", SourceManual, "")
 	e.waitStatus("a", "sync", 5*time.Second, StatusDone)
