@@ -153,6 +153,13 @@ func (r *Runner) execute(lr *localRun, c claimResult, readNext bool) []nextEntry
 	result = resultDone
 	completed := ""
 	for i := rec.StageIndex; i < len(c.stages); i++ {
+		if i == rec.StageIndex && !r.taking() {
+			// Claimed by a read that ended after the runner began to stop
+			// (the read sent with an idle wait runs when the wait ends):
+			// give it back at once instead of starting it.
+			result = resultHandback
+			break
+		}
 		if kctx.Err() != nil { // cancelled, shut down or lease lost since the last stage
 			result, stageErr = r.classify(kctx, context.Cause(kctx))
 			break

@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -143,5 +144,48 @@ func TestIdleWaitHoldsNoSlotWhenLeasesAreShort(t *testing.T) {
 	e.waitStatus("a", "sync", 5*time.Second, StatusDone)
 	if w.carriedAny() {
 		t.Fatal("an idle wait held a slot with a 500ms lease and a 100ms FetchBlock")
+	}
+}
+
+// A runner that begins to stop while a wait's read is pending hands back
+// what that read claims instead of starting it: another runner runs it.
+func TestStoppingRunnerHandsBackWhatItsWaitClaims(t *testing.T) {
+	t.Parallel()
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			var mu sync.Mutex
+			var owners []string
+			stage := HandlerFunc(func(_ context.Context, run *Run) error {
+				mu.Lock()
+				defer mu.Unlock()
+				owners = append(owners, run.Owner())
+				return nil
+			})
+			e := newEnv(t, b.Client, Config{Prefix: "iw4", Partitions: 2, Jobs: []Job{clJob("sync", Stage{Name: "only", Handler: stage})}})
+			rn, err := NewRunner(e.reg, RunnerConfig{ID: "iw-a", Concurrency: 8, FetchBlock: 2 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			w := watchIdleWaits(rn)
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- rn.Run(ctx) }()
+			waitFor(t, 5*time.Second, "both partitions waiting", func() bool { return w.partitionsWaiting() == 2 })
+			cancel() // runner A stops; its waits (up to 2s) are still pending in Redis
+			clSubmit(t, e.reg, "a", "sync", SourceManual, "")
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			if w.taken() != 1 {
+				t.Fatalf("the stopping runner's waits took %d entries, want the one submitted", w.taken())
+			}
+			e.startRunner(RunnerConfig{ID: "iw-b"})
+			e.waitStatus("a", "sync", 5*time.Second, StatusDone)
+			mu.Lock()
+			defer mu.Unlock()
+			if len(owners) != 1 || !strings.HasPrefix(owners[0], "iw-b/") {
+				t.Fatalf("the stage ran on %v, want once on runner iw-b", owners)
+			}
+		})
 	}
 }
