@@ -311,7 +311,7 @@ func commandDeltas(before, after map[string]cmdStat) map[string]cmdStat {
 	out := map[string]cmdStat{}
 	for k, a := range after {
 		d := cmdStat{calls: a.calls - before[k].calls, usec: a.usec - before[k].usec}
-		if d.calls > 0 && k != "info" && k != "config|resetstat" {
+		if d.calls > 0 {
 			out[k] = d
 		}
 	}

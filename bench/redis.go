@@ -299,7 +299,8 @@ func takeSnapshot(ctx context.Context, rdb redis.UniversalClient) (serverSnapsho
 	}
 	for k, v := range stats {
 		// The bench's own INFO and CONFIG RESETSTAT are not the systems' work.
-		if !strings.HasPrefix(k, "cmdstat_") || k == "cmdstat_info" || k == "cmdstat_config" {
+		// (Redis 7 names subcommands: cmdstat_config|resetstat.)
+		if !strings.HasPrefix(k, "cmdstat_") || k == "cmdstat_info" || strings.HasPrefix(k, "cmdstat_config") {
 			continue
 		}
 		var cs cmdStat

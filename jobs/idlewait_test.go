@@ -36,20 +36,34 @@ func watchIdleWaits(rn *Runner) *idleWaits {
 	return w
 }
 
-// startWatched runs a Runner whose idle waits w records, until the test
-// ends.
-func startWatched(t *testing.T, e *testEnv, cfg RunnerConfig) (*Runner, *idleWaits) {
+// watched is a Runner started by startWatched, whose idle waits w records.
+type watched struct {
+	rn     *Runner
+	w      *idleWaits
+	cancel context.CancelFunc // starts the runner's shutdown
+	done   chan error
+	once   sync.Once
+	err    error
+}
+
+// stopped waits for Run to return and returns its error.
+func (x *watched) stopped() error {
+	x.once.Do(func() { x.err = <-x.done })
+	return x.err
+}
+
+// startWatched runs a Runner for e's registry until the test ends.
+func startWatched(t *testing.T, e *testEnv, cfg RunnerConfig) *watched {
 	t.Helper()
 	rn, err := NewRunner(e.reg, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := watchIdleWaits(rn)
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- rn.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return rn, w
+	x := &watched{rn: rn, w: watchIdleWaits(rn), cancel: cancel, done: make(chan error, 1)}
+	go func() { x.done <- rn.Run(ctx) }()
+	t.Cleanup(func() { cancel(); _ = x.stopped() })
+	return x
 }
 
 func (w *idleWaits) partitionsWaiting() int {
@@ -78,7 +92,7 @@ func TestIdleWaitCarriesTheRead(t *testing.T) {
 		t.Run(b.Name, func(t *testing.T) {
 			c := &counter{}
 			e := newEnv(t, b.Client, Config{Prefix: "iw1", Partitions: 2, Jobs: []Job{clJob("sync", Stage{Name: "only", Handler: c})}})
-			_, w := startWatched(t, e, RunnerConfig{ID: "iw", Concurrency: 8, FetchBlock: 2 * time.Second})
+			w := startWatched(t, e, RunnerConfig{ID: "iw", Concurrency: 8, FetchBlock: 2 * time.Second}).w
 			waitFor(t, 5*time.Second, "both partitions waiting", func() bool { return w.partitionsWaiting() == 2 })
 			for i, subject := range []string{"a", "b", "c"} {
 				clSubmit(t, e.reg, subject, "sync", SourceManual, "")
@@ -101,7 +115,8 @@ func TestIdleWaitsHoldAtMostHalfTheSlots(t *testing.T) {
 	m := redistest.StartMini(t)
 	g := newGate()
 	e := newEnv(t, m.Client(t), Config{Prefix: "iw2", Partitions: 4, Jobs: []Job{clJob("sync", Stage{Name: "only", Handler: g})}})
-	rn, w := startWatched(t, e, RunnerConfig{ID: "iw", Concurrency: 4, FetchBlock: 100 * time.Millisecond, ShutdownGrace: time.Second})
+	x := startWatched(t, e, RunnerConfig{ID: "iw", Concurrency: 4, FetchBlock: 100 * time.Millisecond, ShutdownGrace: time.Second})
+	rn, w := x.rn, x.w
 	waitFor(t, 5*time.Second, "all partitions waiting", func() bool { return w.partitionsWaiting() == 4 })
 	if held := len(rn.slots); held > 2 {
 		t.Fatalf("idle partitions hold %d of 4 slots, want at most 2", held)
@@ -138,7 +153,7 @@ func TestIdleWaitHoldsNoSlotWhenLeasesAreShort(t *testing.T) {
 	m := redistest.StartMini(t)
 	c := &counter{}
 	e := newEnv(t, m.Client(t), Config{Prefix: "iw3", Partitions: 2, Jobs: []Job{clJob("sync", Stage{Name: "only", Handler: c})}})
-	_, w := startWatched(t, e, RunnerConfig{ID: "iw", Concurrency: 8, FetchBlock: 100 * time.Millisecond, LeaseTTL: 500 * time.Millisecond})
+	w := startWatched(t, e, RunnerConfig{ID: "iw", Concurrency: 8, FetchBlock: 100 * time.Millisecond, LeaseTTL: 500 * time.Millisecond}).w
 	waitFor(t, 5*time.Second, "both partitions waiting", func() bool { return w.partitionsWaiting() == 2 })
 	clSubmit(t, e.reg, "a", "sync", SourceManual, "")
 	e.waitStatus("a", "sync", 5*time.Second, StatusDone)
@@ -162,18 +177,12 @@ func TestStoppingRunnerHandsBackWhatItsWaitClaims(t *testing.T) {
 				return nil
 			})
 			e := newEnv(t, b.Client, Config{Prefix: "iw4", Partitions: 2, Jobs: []Job{clJob("sync", Stage{Name: "only", Handler: stage})}})
-			rn, err := NewRunner(e.reg, RunnerConfig{ID: "iw-a", Concurrency: 8, FetchBlock: 2 * time.Second})
-			if err != nil {
-				t.Fatal(err)
-			}
-			w := watchIdleWaits(rn)
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 1)
-			go func() { done <- rn.Run(ctx) }()
+			a := startWatched(t, e, RunnerConfig{ID: "iw-a", Concurrency: 8, FetchBlock: 2 * time.Second})
+			w := a.w
 			waitFor(t, 5*time.Second, "both partitions waiting", func() bool { return w.partitionsWaiting() == 2 })
-			cancel() // runner A stops; its waits (up to 2s) are still pending in Redis
+			a.cancel() // runner A stops; its waits (up to 2s) are still pending in Redis
 			clSubmit(t, e.reg, "a", "sync", SourceManual, "")
-			if err := <-done; err != nil {
+			if err := a.stopped(); err != nil {
 				t.Fatal(err)
 			}
 			if w.taken() != 1 {
