@@ -49,6 +49,9 @@
 //     harmless: every task record remembers the occurrence ("occ:<N>") and
 //     answers a repeat "duplicate" without writing anything — exactly one
 //     request per subject per occurrence, by construction in Redis.
+//     Claiming the next occurrence archives the replaced state in
+//     "{<prefix>:cron:<N>}:fanouts", the schedule's last 50 fan-outs
+//     (GET /v1/schedules shows them as recentOccurrences).
 //
 // # Resume
 //

@@ -616,6 +616,33 @@ func TestStatus(t *testing.T) {
 	if err := json.Unmarshal(js, &back); err != nil || back[1].Subjects != (SubjectsCount{All: true}) || back[0].Subjects.Count != 3 {
 		t.Errorf("round trip: %v %+v", err, back)
 	}
+	if l.RecentOccurrences != nil {
+		t.Errorf("recent occurrences before a second claim: %+v", l.RecentOccurrences)
+	}
+
+	// Each claim archives the state it replaces: the recent fan-outs are
+	// the earlier occurrences, newest first, capped at recentFanOuts.
+	for h := 1; h <= recentFanOuts+1; h++ {
+		at := occ.Add(time.Duration(h) * time.Hour)
+		s.now = func() time.Time { return at.Add(time.Minute) }
+		if d := s.fire(context.Background(), s.entries[0], at); d != DecisionFired {
+			t.Fatal(d)
+		}
+	}
+	if st, err = s.Status(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	last := occ.Add((recentFanOuts + 1) * time.Hour)
+	rec := st[0].RecentOccurrences
+	if !st[0].LastOccurrence.Occurrence.Equal(last) || len(rec) != recentFanOuts {
+		t.Fatalf("last %v, %d recent; want %v and %d", st[0].LastOccurrence.Occurrence, len(rec), last, recentFanOuts)
+	}
+	for i, f := range rec {
+		if want := last.Add(-time.Duration(i+1) * time.Hour); !f.Occurrence.Equal(want) || !f.Done || f.Submitted != 3 ||
+			f.Total != 3 || f.FinishedAt == nil || f.FinishedAt.Before(f.StartedAt) || f.Owner != s.Owner() {
+			t.Errorf("recent[%d] = %+v; want the finished fan-out of %v", i, f, want)
+		}
+	}
 }
 
 // TestFanOutOnCluster: on a 3-master Redis Cluster the claim, resume,

@@ -43,6 +43,15 @@ func (s *Scheduler) legacyFiredKey(name string, t time.Time) string {
 // claimed occurrence (see lua/cron_claim.lua for the fields).
 func (s *Scheduler) stateKey(name string) string { return s.tag(name) + ":fanout" }
 
+// recentKey is schedule name's recent fan-outs: a list of the states the
+// last recentFanOuts claims replaced, oldest first, JSON objects of the
+// state's fields.
+func (s *Scheduler) recentKey(name string) string { return s.tag(name) + ":fanouts" }
+
+// recentFanOuts bounds a schedule's recent fan-outs: an hour of a
+// per-minute schedule, a month of nightly ones, about 12 KB.
+const recentFanOuts = 50
+
 // subjectsSpec fingerprints what a schedule fans out to, so a fan-out
 // resumed by a runner with a different config (a deploy changed the list,
 // the scope or the partitions) restarts from the beginning instead of
@@ -179,8 +188,8 @@ func (s *Scheduler) claim(ctx context.Context, e *entry, t time.Time, term int64
 	if legacy > 0 {
 		return claimDuplicate, "(previous release)", nil
 	}
-	res, err := claimScript.Run(ctx, s.rdb, []string{s.firedKey(e.Name, t), s.stateKey(e.Name)},
-		s.owner, term, t.Unix(), stateTTL(e, t).Milliseconds(), claimID, e.spec).Slice()
+	res, err := claimScript.Run(ctx, s.rdb, []string{s.firedKey(e.Name, t), s.stateKey(e.Name), s.recentKey(e.Name)},
+		s.owner, term, t.Unix(), stateTTL(e, t).Milliseconds(), claimID, e.spec, recentFanOuts).Slice()
 	if err != nil {
 		return "", "", err
 	}

@@ -2,8 +2,10 @@ package triggers
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -24,6 +26,10 @@ type ScheduleStatus struct {
 	// LastOccurrence is the latest claimed occurrence and its fan-out, as
 	// long as its state has not expired (stateTTL after its last batch).
 	LastOccurrence *FanOutStatus `json:"lastOccurrence,omitempty"`
+	// RecentOccurrences are the fan-outs before LastOccurrence, newest
+	// first: the states the last claims replaced (up to 50), each finished
+	// or abandoned.
+	RecentOccurrences []*FanOutStatus `json:"recentOccurrences,omitempty"`
 	// Leader is the Owner of the current cron leader, "" when nobody leads.
 	Leader string `json:"leader"`
 }
@@ -95,8 +101,10 @@ func (s *Scheduler) Status(ctx context.Context) ([]ScheduleStatus, error) {
 	pipe := s.rdb.Pipeline()
 	leader := pipe.Get(ctx, s.leaderKey)
 	states := make([]*redis.MapStringStringCmd, len(s.entries))
+	recent := make([]*redis.StringSliceCmd, len(s.entries))
 	for i, e := range s.entries {
 		states[i] = pipe.HGetAll(ctx, s.stateKey(e.Name))
+		recent[i] = pipe.LRange(ctx, s.recentKey(e.Name), 0, -1)
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("triggers: schedule status: %w", err)
@@ -121,17 +129,41 @@ func (s *Scheduler) Status(ctx context.Context) ([]ScheduleStatus, error) {
 		if err != nil {
 			return nil, fmt.Errorf("triggers: schedule status %s: %w", e.Name, err)
 		}
-		if len(h) > 0 {
-			st.LastOccurrence = parseFanOutStatus(h)
+		withTotal := func(f *FanOutStatus) *FanOutStatus {
 			if e.AllSubjects {
-				st.LastOccurrence.Partitions = s.reg.Partitions()
+				f.Partitions = s.reg.Partitions()
 			} else {
-				st.LastOccurrence.Total = len(e.Subjects)
+				f.Total = len(e.Subjects)
 			}
+			return f
+		}
+		if len(h) > 0 {
+			st.LastOccurrence = withTotal(parseFanOutStatus(h))
+		}
+		past, err := recent[i].Result()
+		if err != nil {
+			return nil, fmt.Errorf("triggers: schedule status %s: %w", e.Name, err)
+		}
+		for _, js := range slices.Backward(past) {
+			f, err := ParseRecentFanOut(js)
+			if err != nil {
+				return nil, fmt.Errorf("triggers: schedule status %s: %w", e.Name, err)
+			}
+			st.RecentOccurrences = append(st.RecentOccurrences, withTotal(f))
 		}
 		out = append(out, st)
 	}
 	return out, nil
+}
+
+// ParseRecentFanOut reads one entry of a schedule's recent fan-outs (a
+// JSON object of a replaced state's fields, lua/cron_claim.lua).
+func ParseRecentFanOut(js string) (*FanOutStatus, error) {
+	var h map[string]string
+	if err := json.Unmarshal([]byte(js), &h); err != nil {
+		return nil, fmt.Errorf("recent fan-out %q: %w", js, err)
+	}
+	return parseFanOutStatus(h), nil
 }
 
 // parseFanOutStatus reads a fan-out state hash (lua/cron_claim.lua).

@@ -200,11 +200,12 @@ func (h *harness) closeEpoch(ep *epoch, i int) int64 {
 	if ep.fired, err = firedOccurrences(ctx, h.rdb, keyPrefix, scheduleName); err != nil {
 		h.t.Fatalf("chaos: fired occurrences: %v", err)
 	}
-	m, _ := h.rdb.HGetAll(ctx, h.stateKey).Result()
-	h.stMu.Lock()
-	if st, ok := parseOccState(m); ok {
-		h.states[i][st.occ] = st
+	sts, err := h.readOccStates(ctx)
+	if err != nil { // the poller's view stands
+		h.note("epoch %d: reading the fan-out states at its end: %v", i+1, err)
 	}
+	h.stMu.Lock()
+	maps.Copy(h.states[i], sts)
 	ep.states = maps.Clone(h.states[i])
 	h.stMu.Unlock()
 	return now

@@ -77,6 +77,7 @@ type harness struct {
 	bg                     sync.WaitGroup
 	t0                     time.Time
 	stateKey, leaderKey    string
+	recentKey              string // the schedule's recent fan-outs (archived states)
 	kills, leaderKills     atomic.Int64
 	midFanOut, stops, errs atomic.Int64
 	graceful, descSeen     atomic.Int64
@@ -142,7 +143,8 @@ func newHarness(t redistest.T, opts Options, topo topology) (*harness, error) {
 		dir: dir, bin: opts.RunnerBin, execLog: dir + "/exec.log", nonce: fmt.Sprintf("chaos%x", rand.Uint64()),
 		topo: topo, rdb: topo.client(), ks: ks, http: &http.Client{Timeout: 3 * time.Second},
 		runners: map[string]*runnerProc{}, outc: map[string]int{}, killed: map[int64]int{}, states: []map[int64]occState{{}},
-		stateKey: "{" + keyPrefix + ":cron:" + scheduleName + "}:fanout", leaderKey: keyPrefix + ":cron:leader"}
+		stateKey: "{" + keyPrefix + ":cron:" + scheduleName + "}:fanout", leaderKey: keyPrefix + ":cron:leader",
+		recentKey: "{" + keyPrefix + ":cron:" + scheduleName + "}:fanouts"}
 	for i := range opts.Runners {
 		h.ids = append(h.ids, fmt.Sprintf("chaos-%c", 'a'+i))
 	}

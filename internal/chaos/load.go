@@ -10,6 +10,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -128,18 +129,18 @@ func (h *harness) load(ctx context.Context, worker int) {
 	}
 }
 
-// pollState records the cron fan-out state of each occurrence it sees
-// (its claim and finish times bound the occurrence's requests).
+// pollState records the cron fan-out state of each occurrence (its claim
+// and finish times bound the occurrence's requests): the current one as it
+// goes, the earlier ones as the claims archived them.
 func (h *harness) pollState(ctx context.Context) {
 	for ctx.Err() == nil {
 		h.stMu.Lock()
 		ep := len(h.states) - 1
 		h.stMu.Unlock()
-		m, err := h.rdb.HGetAll(ctx, h.stateKey).Result()
-		if st, ok := parseOccState(m); err == nil && ok {
+		if sts, err := h.readOccStates(ctx); err == nil {
 			h.stMu.Lock()
 			if ep == len(h.states)-1 {
-				h.states[ep][st.occ] = st
+				maps.Copy(h.states[ep], sts)
 			}
 			h.stMu.Unlock()
 		}

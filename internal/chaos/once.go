@@ -3,7 +3,9 @@
 package chaos
 
 import (
+	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -100,10 +102,17 @@ func (h *harness) checkOnce(i int, ep *epoch) (fired, checked int) {
 			time.UnixMilli(b.start).Format("15:04:05.000"), time.UnixMilli(b.end).Format("15:04:05.000"))
 	}
 	// Repeats of a run's schedule joins are coalesced into one event (count,
-	// first and last time): its requests are spread over the buckets they
-	// span, one per occurrence, oldest first. (Within one coalesced span a
-	// double request for one occurrence and none for the next cannot be told
-	// apart; every other miscount can.)
+	// first and last time), so a subject's requests cannot always be told
+	// apart by occurrence. A subject passes when some way of placing its
+	// requests gives every checked bucket exactly one per occurrence: the
+	// first and last request of an event are in the buckets of their known
+	// times, the others anywhere in between, and requests outside the
+	// checked buckets (before the epoch's first occurrence, after its
+	// window, in a bucket not checked) count for nothing. Otherwise the
+	// subject fails in the bucket that placing fell short in or overfilled.
+	// (Earlier versions spread the middle requests by a fixed rule, and
+	// twice blamed a subject whose requests had a valid placing: CI seeds
+	// 1796228366033615002 and 1796243184187023141.)
 	bucketOf := func(at int64) int {
 		for i, b := range bs {
 			if at >= b.start && at < b.end {
@@ -112,105 +121,178 @@ func (h *harness) checkOnce(i int, ep *epoch) (fired, checked int) {
 		}
 		return -1
 	}
-	counts := map[string][]int64{} // subject → requests per checked bucket
-	spans := map[string][]string{}
-	unknown := map[string]map[int]bool{} // subject → buckets its history cannot settle
+	type verdict struct {
+		bucket    int
+		got, want int64
+	}
+	wrong := map[verdict][]string{}
 	for _, s := range h.bulk {
 		d := ep.keys[taskkey.MustNew(s, bulkScope).String()]
-		c := make([]int64, len(bs))
-		counts[s] = c
-		if d == nil {
-			continue
-		}
-		for _, r := range d.sched {
-			first, last := bucketOf(r.at), bucketOf(r.last)
-			spans[s] = append(spans[s], fmt.Sprintf("%s..%s %s/%s ×%d", time.UnixMilli(r.at).Format("15:04:05.000"),
-				time.UnixMilli(r.last).Format("15:04:05.000"), r.event, r.outcome, r.count))
-			// A span may start before the epoch's first bucket or go on after
-			// its last: the requests outside the window are not this
-			// epoch's to count.
-			before, after := len(bs) > 0 && r.at < bs[0].start, len(bs) > 0 && r.last >= bs[len(bs)-1].end
-			if first < 0 && last < 0 && !(before && after) {
+		want := make([]int64, len(bs)) // -1: not checked for this subject
+		for j, b := range bs {
+			want[j] = -1
+			if !slices.Contains(check, b) {
 				continue
 			}
-			if first < 0 {
-				first = 0
-			}
-			if last < 0 {
-				last = len(bs) - 1
-			}
-			// Fill the buckets the requests span, up to one request per
-			// occurrence each: oldest first, or newest first when the span
-			// began before the window. What is left over is dropped when
-			// the span goes past the window on that side; otherwise it stays
-			// in the edge bucket (and fails the check there).
-			idx := make([]int, 0, last-first+1)
-			for i := first; i <= last; i++ {
-				idx = append(idx, i)
-			}
-			if before && !after {
-				// Requests from before the window coalesced with some in
-				// it: only the last is known to be at r.last. Its bucket
-				// gets that one; how many of the others fell into the
-				// window's buckets up to it is unknown, so those are not
-				// checked for this subject. (Counting the others into
-				// them, latest first, blamed a later bucket for requests
-				// that were in fact older.)
-				c[last]++
-				if unknown[s] == nil {
-					unknown[s] = map[int]bool{}
-				}
-				for _, i := range idx {
-					unknown[s][i] = true
-				}
-				continue
-			}
-			drop := after
-			left := r.count
-			// The span's first and last requests are at known times (r.at,
-			// r.last): their buckets get one each before the rest is
-			// spread. (Spreading all of them oldest first put the last
-			// one's into an earlier bucket holding two occurrences, and
-			// blamed the last bucket: CI seed 1796228366033615002.)
-			if !before && left > 0 {
-				c[idx[0]]++
-				left--
-			}
-			if !after && len(idx) > 1 && left > 0 {
-				c[idx[len(idx)-1]]++
-				left--
-			}
-			for n, i := range idx {
-				take := min(left, int64(len(bs[i].occs))-c[i])
-				if n == len(idx)-1 && !drop {
-					take = left
-				}
-				if take > 0 {
-					c[i] += take
-					left -= take
-				}
-			}
-		}
-	}
-	for _, b := range check {
-		bi := slices.Index(bs, b)
-		wrong := map[int64][]string{}
-		for _, s := range h.bulk {
-			d := ep.keys[taskkey.MustNew(s, bulkScope).String()]
 			if d != nil && d.events >= historyCap && d.first > b.start {
 				continue // trimmed: the history no longer covers the bucket
 			}
-			if unknown[s][bi] {
-				continue
-			}
-			if n := counts[s][bi]; n != int64(len(b.occs)) {
-				wrong[n] = append(wrong[n], fmt.Sprintf("%s %v", s, spans[s]))
+			want[j] = int64(len(b.occs))
+		}
+		var spans []placedSpan
+		var shown []string
+		if d != nil {
+			for _, r := range d.sched {
+				shown = append(shown, fmt.Sprintf("%s..%s %s/%s ×%d", time.UnixMilli(r.at).Format("15:04:05.000"),
+					time.UnixMilli(r.last).Format("15:04:05.000"), r.event, r.outcome, r.count))
+				first, last := bucketOf(r.at), bucketOf(r.last)
+				before := len(bs) > 0 && r.at < bs[0].start
+				after := len(bs) > 0 && r.last >= bs[len(bs)-1].end
+				if first < 0 && last < 0 && !(before && after) {
+					continue // wholly outside the buckets
+				}
+				spans = append(spans, placedSpan{first: first, last: last, count: r.count, before: before, after: after})
 			}
 		}
-		for n, subjects := range wrong {
-			h.viol.add(checkOnce, "epoch %d, %s: %d subject(s) got %d schedule request(s), want %d: %s",
-				i+1, fmtOccs(b), len(subjects), n, len(b.occs), strings.Join(subjects[:min(6, len(subjects))], "; "))
+		got := placeRequests(want, spans)
+		for j, w := range want {
+			if w >= 0 && got[j] != w {
+				v := verdict{j, got[j], w}
+				wrong[v] = append(wrong[v], fmt.Sprintf("%s %v", s, shown))
+				break // one verdict per subject: the earliest bucket
+			}
 		}
 	}
+	vs := slices.SortedFunc(maps.Keys(wrong), func(a, b verdict) int { return cmp.Compare(a.bucket, b.bucket) })
+	for _, v := range vs {
+		subjects := wrong[v]
+		h.viol.add(checkOnce, "epoch %d, %s: %d subject(s) got %d schedule request(s), want %d: %s",
+			i+1, fmtOccs(bs[v.bucket]), len(subjects), v.got, v.want, strings.Join(subjects[:min(6, len(subjects))], "; "))
+	}
 	return fired, checked
+}
+
+// placedSpan is one coalesced schedule event of a subject over the
+// buckets: its first request is in bucket first and its last in bucket
+// last (-1: outside every bucket, before them when before is set, after
+// them when after is), count requests in all.
+type placedSpan struct {
+	first, last   int
+	count         int64
+	before, after bool
+}
+
+// placeRequests places the spans' requests in the buckets so that every
+// bucket j with want[j] >= 0 gets exactly want[j], if that is possible
+// (buckets with want -1 take any number), and returns how many each
+// bucket got. When no placing fits, the answer differs from want in a
+// bucket that cannot be satisfied. It is a flow problem: spans supply
+// their middle requests (those besides the first and last) to any bucket
+// between, checked buckets demand what their ends did not already fill.
+// First the checked buckets are filled as far as possible, then the rest
+// is drained into unchecked buckets and outside; augmenting never takes a
+// request back out of a bucket, so the checked ones stay filled.
+func placeRequests(want []int64, spans []placedSpan) []int64 {
+	m := len(want)
+	got := make([]int64, m)
+	// Nodes: 0 source, 1..k spans, k+1..k+m buckets, k+m+1 outside, k+m+2 sink.
+	k := len(spans)
+	src, out, sink := 0, k+m+1, k+m+2
+	const inf = int64(1) << 40
+	capa := make([][]int64, k+m+3)
+	for i := range capa {
+		capa[i] = make([]int64, k+m+3)
+	}
+	fixed := func(b int) {
+		if b >= 0 {
+			got[b]++
+		}
+	}
+	for i, sp := range spans {
+		left := sp.count
+		if left > 0 { // the first request
+			fixed(sp.first)
+			left--
+		}
+		if left > 0 { // the last request
+			fixed(sp.last)
+			left--
+		}
+		capa[src][1+i] = left
+		lo, hi := sp.first, sp.last
+		if lo < 0 {
+			lo = 0
+		}
+		if hi < 0 {
+			hi = m - 1
+		}
+		for j := lo; j <= hi; j++ {
+			capa[1+i][k+1+j] = inf
+		}
+		if sp.before || sp.after {
+			capa[1+i][out] = inf
+		}
+	}
+	for j, w := range want {
+		if w >= 0 {
+			capa[k+1+j][sink] = max(0, w-got[j])
+		}
+	}
+	flow := func() {
+		for {
+			prev := make([]int, len(capa))
+			for i := range prev {
+				prev[i] = -1
+			}
+			prev[src] = src
+			queue := []int{src}
+			for len(queue) > 0 && prev[sink] < 0 {
+				u := queue[0]
+				queue = queue[1:]
+				for v, c := range capa[u] {
+					if c > 0 && prev[v] < 0 {
+						prev[v] = u
+						queue = append(queue, v)
+					}
+				}
+			}
+			if prev[sink] < 0 {
+				return
+			}
+			push := inf
+			for v := sink; v != src; v = prev[v] {
+				push = min(push, capa[prev[v]][v])
+			}
+			for v := sink; v != src; v = prev[v] {
+				capa[prev[v]][v] -= push
+				capa[v][prev[v]] += push
+				if u := prev[v]; u > k && u <= k+m && v == sink {
+					got[u-k-1] += push
+				}
+			}
+		}
+	}
+	flow() // fill the checked buckets
+	for j, w := range want {
+		if w < 0 {
+			capa[k+1+j][sink] = inf
+		}
+	}
+	capa[out][sink] = inf
+	flow() // drain the rest
+	for i := range spans {
+		if rest := capa[src][1+i]; rest > 0 { // requests with nowhere to go: overfill the span's last checked bucket
+			lo, hi := max(spans[i].first, 0), spans[i].last
+			if hi < 0 {
+				hi = m - 1
+			}
+			for j := hi; j >= lo; j-- {
+				if want[j] >= 0 {
+					got[j] += rest
+					break
+				}
+			}
+		}
+	}
+	return got
 }

@@ -7,6 +7,7 @@ package chaos
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -220,6 +221,32 @@ func parseOccState(h map[string]string) (occState, bool) {
 	return occState{occ: i("occ"), startedAt: i("startedAt"), finishedAt: i("finishedAt"),
 		done: h["done"] == "1", abandoned: h["abandoned"] == "1", resumes: i("resumes"),
 		submitted: i("submitted"), duplicates: i("duplicates"), owner: h["owner"]}, true
+}
+
+// readOccStates reads the fan-out states Redis holds: the current one and
+// those the claims archived (an occurrence claimed and finished between
+// two polls is known from the archive).
+func (h *harness) readOccStates(ctx context.Context) (map[int64]occState, error) {
+	pipe := h.rdb.Pipeline()
+	cur := pipe.HGetAll(ctx, h.stateKey)
+	past := pipe.LRange(ctx, h.recentKey, 0, -1)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, err
+	}
+	out := map[int64]occState{}
+	for _, js := range past.Val() {
+		var m map[string]string
+		if err := json.Unmarshal([]byte(js), &m); err != nil {
+			return nil, fmt.Errorf("archived fan-out state %q: %w", js, err)
+		}
+		if st, ok := parseOccState(m); ok {
+			out[st.occ] = st
+		}
+	}
+	if st, ok := parseOccState(cur.Val()); ok {
+		out[st.occ] = st
+	}
+	return out, nil
 }
 
 // firedOccurrences lists the occurrences of schedule whose idempotency

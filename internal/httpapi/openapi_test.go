@@ -369,7 +369,8 @@ func TestOpenAPISchemasOfGoTypes(t *testing.T) {
 			IntervalSeconds: 2, Finished: []jobs.FinishedCount{{Minute: now.Unix(), Scope: "backup", Done: 1, Failed: 1}}}}}},
 		{"SchedulesResponse", schedulesResponse{Schedules: []triggers.ScheduleStatus{
 			{Name: "all", Cron: "*/15 * * * *", Scope: "backup", Subjects: triggers.SubjectsCount{All: true},
-				NextOccurrence: &later, LastOccurrence: &fanOut, Leader: "pod-a/1f2e"},
+				NextOccurrence: &later, LastOccurrence: &fanOut, RecentOccurrences: []*triggers.FanOutStatus{&fanOut, &fanOut},
+				Leader: "pod-a/1f2e"},
 			{Name: "list", Cron: "@hourly", Scope: "backup", Subjects: triggers.SubjectsCount{Count: 7}, LastOccurrence: &listed},
 			{Name: "none", Cron: "0 0 30 2 *", Scope: "backup"},
 		}}},
