@@ -116,6 +116,19 @@ type ExecStage struct {
 	// supervisor slower than the runner's kill grace, as on a loaded
 	// machine.
 	supervisorGrace func(time.Duration) time.Duration
+	// ioDelay, when set (tests), replaces execIODelay: a test that checks
+	// RunStage does not wait for it makes it long enough that no slow
+	// machine blurs the difference.
+	ioDelay time.Duration
+}
+
+// ioWait is how long RunStage waits for the output pipes (and a
+// supervisor's status) after the process exited.
+func (e *ExecStage) ioWait() time.Duration {
+	if e.ioDelay > 0 {
+		return e.ioDelay
+	}
+	return execIODelay
 }
 
 // SuperviseCommand is the first argument that makes a binary hosting the
@@ -213,7 +226,7 @@ func (e *ExecStage) RunStage(ctx context.Context, run *Run) error {
 	}
 	cmd.Stderr = io.MultiWriter(stderr...)
 	cmd.SysProcAttr = execSysProcAttr(sv != nil)
-	cmd.WaitDelay = execIODelay
+	cmd.WaitDelay = e.ioWait()
 
 	p, err := startExec(cmd)
 	if sv != nil {

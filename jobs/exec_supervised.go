@@ -29,6 +29,7 @@ type supervised struct {
 	done    chan struct{} // closed once the status was read to EOF
 	st      supervisor.Status
 	readErr error
+	ioWait  time.Duration // ExecStage.ioWait
 }
 
 // supervisedCmd builds the supervisor command for e. The stage command is
@@ -58,7 +59,7 @@ func (e *ExecStage) supervisedCmd(grace time.Duration) (*exec.Cmd, *supervised, 
 	args := append(slices.Clone(e.Supervisor[1:]), opts.Args()...)
 	cmd := exec.Command(e.Supervisor[0], args...)
 	cmd.ExtraFiles = []*os.File{w}
-	return cmd, &supervised{path: target.Path, status: r, write: w, done: make(chan struct{})}, nil
+	return cmd, &supervised{path: target.Path, status: r, write: w, done: make(chan struct{}), ioWait: e.ioWait()}, nil
 }
 
 // started closes this process's copy of the status pipe's write end, so
@@ -79,9 +80,9 @@ func (s *supervised) started(ok bool) {
 // wait waits for the end of the status, which comes when the supervisor
 // exited (it keeps the pipe from the command). Whatever else holds it open
 // — a Supervisor that is not a supervisor, and its children — gets
-// execIODelay.
+// s.ioWait (execIODelay).
 func (s *supervised) wait() {
-	t := time.NewTimer(execIODelay)
+	t := time.NewTimer(s.ioWait)
 	defer t.Stop()
 	select {
 	case <-s.done:

@@ -201,8 +201,12 @@ func TestExecSupervisedExitKillsDaemon(t *testing.T) {
 	dir, mark := t.TempDir(), newExecMark(t)
 	script := `setsid sh -c 'echo $$ > daemon.pid; echo daemon-up; exec sleep 300' & while [ ! -s daemon.pid ]; do sleep 0.01; done; echo done; exit 0`
 	var stdout syncBuffer
+	// Without the supervisor's kill the daemon holding the pipes would make
+	// RunStage wait the whole ioDelay: a minute, which no slow machine
+	// mistakes for returning at once.
+	const ioDelay = time.Minute
 	e := &ExecStage{Command: []string{"sh", "-c", script}, Dir: dir, Env: []string{execMarkEnv + "=" + mark},
-		Supervisor: testSupervisor(t), Stdout: &stdout}
+		Supervisor: testSupervisor(t), Stdout: &stdout, ioDelay: ioDelay}
 	start := time.Now()
 	if err := e.RunStage(context.Background(), testStageRun()); err != nil {
 		t.Fatalf("RunStage: %v", err)
@@ -212,9 +216,9 @@ func TestExecSupervisedExitKillsDaemon(t *testing.T) {
 	if pid := waitPIDFile(t, filepath.Join(dir, "daemon.pid")); !processGone(pid) {
 		t.Errorf("daemon %d alive", pid)
 	}
-	// 0.01s polls plus two process starts: far below the 1s WaitDelay an
+	// 0.01s polls plus two process starts: far below the WaitDelay an
 	// escaped daemon holding the pipe costs without the supervisor.
-	if d > execIODelay/2 {
+	if d > ioDelay/2 {
 		t.Errorf("RunStage took %v", d)
 	}
 	if out := stdout.String(); !strings.Contains(out, "daemon-up") || !strings.Contains(out, "done") {
