@@ -37,12 +37,10 @@ func (r *Runner) readOrder(p int) (first, second keyspace.Lane) {
 // lane by lane, each claimed for this runner in the same call.
 func (r *Runner) readCall(p, n int) *scriptCall {
 	first, _ := r.readOrder(p)
-	ks := r.reg.ks
-	keys := make([]string, 0, 7)
-	keys = append(keys, ks.QueueKeys(p)...)
-	keys = append(keys, ks.Watch(p), ks.Paused(p), ks.Parked(p))
-	args := make([]any, 0, 7+len(r.jobDefs))
-	args = append(args, n, first.Letter(), r.reclaimIdle.Milliseconds(), r.owner, r.reg.histCap, ks.Events(p),
+	// the bulk lane's hash tag names the partition's other keys (read_next.lua)
+	keys := []string{r.reg.ks.Queue(p, keyspace.LaneBulk)}
+	args := make([]any, 0, 6+len(r.jobDefs))
+	args = append(args, n, first.Letter(), r.reclaimIdle.Milliseconds(), r.owner, r.reg.histCap,
 		r.reg.retention.Milliseconds())
 	args = append(args, r.jobDefs...)
 	return &scriptCall{script: r.reg.scripts.readNext, keys: keys, args: args}

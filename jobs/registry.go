@@ -276,7 +276,7 @@ func (r *Registry) Submit(ctx context.Context, subject, scope string, opts Submi
 
 func (r *Registry) submit(ctx context.Context, k taskkey.Key, job *Job, subject string, opts SubmitOptions) (SubmitResult, error) {
 	scope := k.Scope()
-	req := &submitReq{k: k, p: r.ks.Partition(k), subject: subject, source: opts.Source, policy: opts.Policy,
+	req := &submitReq{k: k, p: r.ks.Partition(k), source: opts.Source, policy: opts.Policy,
 		runID: newRunID(), stages: r.stagesCSV[scope], maxAttempts: job.Retry.MaxAttempts,
 		minInterval: job.MinInterval.Milliseconds()}
 	if r.tracer != nil {

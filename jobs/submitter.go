@@ -3,7 +3,6 @@ package jobs
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -24,7 +23,6 @@ const (
 type submitReq struct {
 	k           taskkey.Key
 	p           int
-	subject     string
 	source      Source
 	policy      Policy
 	runID       string // of the run it starts, if it starts one
@@ -81,32 +79,21 @@ func (r *Registry) flushSubmits(reqs []*submitReq) {
 	}
 }
 
-// submitCall builds one submit.lua call for reqs: a block of keys per
-// partition they fall in, then theirs.
+// submitCall builds one submit.lua call for reqs: per request its record's
+// key (the script derives the partition's keys from its hash tag) and its
+// arguments.
 func (r *Registry) submitCall(reqs []*submitReq) *scriptCall {
-	var parts []int // partition of each block, in order of first use
-	block := make([]int, len(reqs))
-	for i, q := range reqs {
-		b := slices.Index(parts, q.p)
-		if b < 0 {
-			b = len(parts)
-			parts = append(parts, q.p)
-		}
-		block[i] = b + 1
-	}
 	traced := r.tracer != nil // submit.lua's traced layout: two keys and an argument more per request
-	c := &scriptCall{script: r.scripts.submit,
-		keys: make([]string, 0, 7*len(parts)+5*len(reqs)), args: make([]any, 0, 4+2*len(parts)+10*len(reqs))}
-	c.args = append(c.args, r.histCap, r.retention.Milliseconds(), len(parts), boolFlag(traced))
-	for _, p := range parts {
-		c.keys = append(c.keys, r.ks.QueueKeys(p)...)
-		c.keys = append(c.keys, r.ks.Index(p), r.ks.Retry(p), r.ks.Watch(p))
-		c.args = append(c.args, r.ks.Events(p), r.ks.Cancels(p))
+	kr, ar := 1, 6
+	if traced {
+		kr, ar = 3, 7
 	}
-	for i, q := range reqs {
-		c.keys = append(c.keys, r.ks.Task(q.k), r.ks.History(q.k), r.ks.Subjects(q.p, q.k.Scope()))
-		c.args = append(c.args, block[i], q.k.String(), q.subject, string(q.source), string(q.policy), q.runID,
-			q.stages, q.maxAttempts, q.minInterval)
+	c := &scriptCall{script: r.scripts.submit,
+		keys: make([]string, 0, kr*len(reqs)), args: make([]any, 0, 3+ar*len(reqs))}
+	c.args = append(c.args, r.histCap, r.retention.Milliseconds(), boolFlag(traced))
+	for _, q := range reqs {
+		c.keys = append(c.keys, r.ks.Task(q.k))
+		c.args = append(c.args, string(q.source), string(q.policy), q.runID, q.stages, q.maxAttempts, q.minInterval)
 		if traced {
 			c.keys = append(c.keys, r.ks.FollowUpLinks(q.k), r.ks.Links(q.k, q.runID))
 			c.args = append(c.args, q.traceparent)

@@ -25,7 +25,7 @@ func TestLuaDerivesKeyspaceNames(t *testing.T) {
 local q = queue_of(tag)
 return {tag, q.b, q.p, q.bell, q.taken, tag .. ':index', tag .. ':retry', tag .. ':watch', tag .. ':events',
   tag .. ':paused', tag .. ':parked', tag .. ':task:' .. ARGV[1], tag .. ':lease:' .. ARGV[1],
-  tag .. ':history:' .. ARGV[1], string.sub(KEYS[1], #tag + 7)}`
+  tag .. ':history:' .. ARGV[1], string.sub(KEYS[1], #tag + 7), tag .. ':cancels', tag .. ':subjects-seen:course_sync'}`
 	src, err := compose(string(lib), "keys_test", body)
 	if err != nil {
 		t.Fatal(err)
@@ -45,7 +45,7 @@ return {tag, q.b, q.p, q.bell, q.taken, tag .. ':index', tag .. ':retry', tag ..
 			p := ks.Partition(k)
 			want := append([]string{ks.Tag(p)}, ks.QueueKeys(p)...)
 			want = append(want, ks.Index(p), ks.Retry(p), ks.Watch(p), ks.Events(p), ks.Paused(p), ks.Parked(p),
-				ks.Task(k), ks.Lease(k), ks.History(k), k.String())
+				ks.Task(k), ks.Lease(k), ks.History(k), k.String(), ks.Cancels(p), ks.Subjects(p, "course_sync"))
 			got, err := script.Run(context.Background(), rdb, []string{ks.Task(k)}, k.String()).StringSlice()
 			if err != nil {
 				t.Fatal(err)

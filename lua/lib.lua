@@ -644,6 +644,19 @@ local function follow_up_link(a, follow_up)
   if tonum(a.retention) > 0 then rcall('PEXPIRE', a.links_next, a.retention) end
 end
 
+-- seen_subject adds a.key's subject to its scope's subjects ("subjects:
+-- all"): a.subjects and a.subject when the caller declared them
+-- (submit_many), else named from the partition tag a.tag (keyspace
+-- Subjects) and split from a.key.
+local function seen_subject(a, now)
+  if a.subjects then
+    rcall('ZADD', a.subjects, now, a.subject)
+    return
+  end
+  local bar = sfind(a.key, '|', 1, true)
+  rcall('ZADD', a.tag .. ':subjects-seen:' .. ssub(a.key, bar + 1), now, ssub(a.key, 1, bar - 1))
+end
+
 -- submit_one routes one TaskStartRequest (see submit.lua for the rules);
 -- vals is submit_read's reply when the caller has it ({} for a key with
 -- no record).
@@ -676,7 +689,7 @@ local function submit_one(a, vals)
       now = now, exists = status and true or false, co = vals[X + 24], last_success = last_success})
     hist_push(hist, a.cap, hist_ev(now, 'requested', a.run_id, src, '', 'started'))
     rcall('ZADD', a.index, now, a.key)
-    if src ~= 'schedule' then rcall('ZADD', a.subjects, now, a.subject) end
+    if src ~= 'schedule' then seen_subject(a, now) end
     if a.occ ~= '' then rcall('HSET', task, a.occ_field, a.occ) end
     a.pub(task)
     -- the caller knows the rest of the new run's view (jobs.startedView)
@@ -700,7 +713,7 @@ local function submit_one(a, vals)
   -- is written when a run starts and when a source first joins a run, not
   -- for every repeat.
   local function seen()
-    if src ~= 'schedule' then rcall('ZADD', a.subjects, now, a.subject) end
+    if src ~= 'schedule' then seen_subject(a, now) end
   end
   local outcome
   local changed = false -- whether the view changed (published only then)

@@ -6,14 +6,14 @@
 -- answered 'foreign'). A run picked up by an idle runner thus costs one
 -- call after the bell wakes it. (Blocking pops cannot run in a script; an
 -- idle runner blocks on the partition's bell, then calls this.)
--- KEYS[1..4] the partition's queue keys (lib.lua queue_at); KEYS[1]'s hash
---         tag (tag_of) names the entries' keys
--- KEYS[5] partition watch key
--- KEYS[6] partition's paused scopes   KEYS[7] partition's parked runs
+-- KEYS[1] the partition's bulk lane: its hash tag (tag_of) names the
+--         partition's other keys (queue_of; watch, paused scopes, parked
+--         runs, events channel) and the entries' keys, all in its slot
+--         (declared, they cost 7 arguments more: ~900 instructions each)
 -- ARGV[1] n   ARGV[2] the preferred lane's letter ('p' or 'b')
 -- ARGV[3] reclaim idle (ms): the entries become reclaimable that long from now
--- ARGV[4] owner   ARGV[5] history cap   ARGV[6] events channel   ARGV[7] retention (ms)
--- ARGV[8] J, the number of jobs this runner defines, then per job 4
+-- ARGV[4] owner   ARGV[5] history cap   ARGV[6] retention (ms)
+-- ARGV[7] J, the number of jobs this runner defines, then per job 4
 --   arguments: scope, stages (comma list), maxAttempts, lease TTL (ms)
 -- (A claim that ends a run with a queued follow-up derives the follow-up's
 -- run id: lib.lua claim_ending.)
@@ -22,18 +22,20 @@
 -- from the entries in the partition's slot, as in finish.lua.
 local n = tonum(ARGV[1])
 local now, now_us = clock()
-local taken = read_lanes({}, queue_at(KEYS, 1), ARGV[2], n, now + tonum(ARGV[3]))
+local tag = tag_of(KEYS[1])
+local q = queue_of(tag)
+local taken = read_lanes({}, q, ARGV[2], n, now + tonum(ARGV[3]))
 if #taken == 0 then return taken end
 local defs = {}
-local j = 9
-for _ = 1, tonum(ARGV[8]) do
+local j = 8
+for _ = 1, tonum(ARGV[7]) do
   defs[ARGV[j]] = j
   j = j + 4
 end
-local tag = tag_of(KEYS[1])
-local watched, paused = watch_and_paused(KEYS[5], KEYS[6])
-local c = {owner = ARGV[4], cap = ARGV[5], pub = publisher(ARGV[6], KEYS[5], watched), retention = ARGV[7],
-  q = queue_at(KEYS, 1), parked = KEYS[7], paused = paused, now = now, now_us = now_us}
+local watch = tag .. ':watch'
+local watched, paused = watch_and_paused(watch, tag .. ':paused')
+local c = {owner = ARGV[4], cap = ARGV[5], pub = publisher(tag .. ':events', watch, watched), retention = ARGV[6],
+  q = q, parked = tag .. ':parked', paused = paused, now = now, now_us = now_us}
 local out = {}
 for _, e in ipairs(taken) do
   out[#out + 1] = e

@@ -6,22 +6,24 @@
 -- its request appended to the partition's list of its lane; otherwise the
 -- conflict policy decides: join, skip, queue (one coalesced follow-up) or
 -- replace.
--- KEYS, per partition block q (1..np), KEYS[7q-6 .. 7q]: the partition's
---   queue keys (bulk list, people list, bell, taken: lib.lua queue_at),
---   index, retry queue, watch key (views are published only while it exists)
--- then per request i (1..n), with b = 7np and kr = 3 (5 when traced):
---   KEYS[b+kr(i-1)+1] task record   KEYS[b+kr(i-1)+2] history
---   KEYS[b+kr(i-1)+3] subjects of the request's scope (zset)
---   traced: KEYS[b+kr(i-1)+4] the key's follow-up trace links (the trace
---   contexts of requests merged into its next run)   KEYS[b+kr(i-1)+5] the
---   trace links of the run this request would start
--- ARGV[1] history cap   ARGV[2] retention (ms)   ARGV[3] np
--- ARGV[4] '1' when traced (tracing on: the per-request layout above), else '0'
--- per partition block q: ARGV[3+2q] events channel   ARGV[4+2q] cancel channel
--- per request i, ARGV[j+1 .. j+ar] with j = 4 + 2np + ar(i-1), ar = 9 (10
---   when traced): partition block q, task key, subject, source, policy, new
---   run id, stages (comma list), maxAttempts, minInterval (ms, 0 = none),
---   traced: the request's W3C traceparent ('' for none)
+-- KEYS, per request i (1..n): its task record (traced: KEYS[3i-2] the
+--   record, KEYS[3i-1] the key's follow-up trace links (the trace contexts
+--   of requests merged into its next run), KEYS[3i] the trace links of the
+--   run this request would start)
+-- ARGV[1] history cap   ARGV[2] retention (ms)   ARGV[3] '1' when traced
+--   (the per-request layouts above and below), else '0'
+-- per request i, ARGV[j+1 .. j+ar] with j = 3 + ar(i-1), ar = 6 (7 when
+--   traced): source, policy, new run id, stages (comma list), maxAttempts,
+--   minInterval (ms, 0 = none), traced: the request's W3C traceparent
+--   ('' for none)
+-- Everything else is derived from a record's name "<tag>:task:<key>"
+-- (lib.lua tag_of; TestLuaDerivesKeyspaceNames pins the names): its task
+-- key, subject and scope, its history, and its partition's lanes, bell,
+-- taken set, index, retry queue, watch key, subjects of the scope and
+-- events and cancel channels, all in the record's slot. (Declared, a
+-- request cost 5 arguments more and a call 9 more per partition: ~900
+-- Redis instructions each.) On a single Redis one call may carry
+-- requests of several partitions; on Cluster a call holds one partition's.
 -- A traced request answered queued (or replaced while the run executes)
 -- leaves its trace context in the follow-up links, in this script, so the
 -- finish that starts the follow-up (which renames them to its run's links)
@@ -37,38 +39,34 @@
 -- index (and the subjects ZADD for requests that are not schedule), EXISTS
 -- watch; ringing the bell (LLEN, RPUSH) when the lane was empty.
 local now = now_ms()
-local np = tonum(ARGV[3])
-local traced = ARGV[4] == '1'
-local kr, ar = 3, 9
-if traced then kr, ar = 5, 10 end
-local base_k, base_a = 7 * np, 4 + 2 * np
-local blocks = {}
-local pubs = {} -- per partition block: its publisher (one EXISTS watch per call)
+local traced = ARGV[3] == '1'
+local kr, ar = 1, 6
+if traced then kr, ar = 3, 7 end
+local parts = {} -- per partition tag: {queue, index, retry, pub, cancels}, derived once per call
 local out = {}
 -- submit_one's arguments: one table for the call, its per-request fields
 -- rewritten (a table per request cost more than the rest of a new run's Lua)
 local a = {cap = ARGV[1], retention = ARGV[2], occ_field = '', occ = '', now = now}
-for i = 1, (#KEYS - base_k) / kr do
-  local k, j = base_k + kr * (i - 1) + 1, base_a + ar * (i - 1)
-  local task, source, policy = KEYS[k], ARGV[j + 4], ARGV[j + 5]
+for i = 1, #KEYS / kr do
+  local k, j = kr * (i - 1) + 1, 3 + ar * (i - 1)
+  local task, source, policy = KEYS[k], ARGV[j + 1], ARGV[j + 2]
   local outcome, view = submit_fast(task, source, policy, now, true)
   if not outcome then
     local vals = nil -- submit_one reads the record
     if view == false then vals = {} end -- no record
-    local q = tonum(ARGV[j + 1])
-    local pk = 7 * q - 6
-    local queue = blocks[q]
-    if not queue then
-      queue = queue_at(KEYS, pk)
-      blocks[q] = queue
-      pubs[q] = publisher(ARGV[3 + 2 * q], KEYS[pk + 6])
+    local tag = tag_of(task)
+    local part = parts[tag]
+    if not part then
+      part = {q = queue_of(tag), index = tag .. ':index', retry = tag .. ':retry',
+        pub = publisher(tag .. ':events', tag .. ':watch'), cancels = tag .. ':cancels'}
+      parts[tag] = part
     end
-    a.task, a.hist, a.q, a.index, a.subjects, a.retry, a.pub = task, KEYS[k + 1], queue, KEYS[pk + 4],
-      KEYS[k + 2], KEYS[pk + 5], pubs[q]
-    a.key, a.subject, a.source, a.policy, a.run_id = ARGV[j + 2], ARGV[j + 3], source, policy, ARGV[j + 6]
-    a.stages, a.max_attempts, a.min_interval = ARGV[j + 7], ARGV[j + 8], tonum(ARGV[j + 9])
-    a.cancels = ARGV[4 + 2 * q]
-    if traced then a.links_next, a.links_new, a.tp = KEYS[k + 3], KEYS[k + 4], ARGV[j + 10] end
+    local key = ssub(task, #tag + 7)
+    a.task, a.hist, a.q, a.index, a.retry, a.pub, a.cancels = task, tag .. ':history:' .. key, part.q, part.index,
+      part.retry, part.pub, part.cancels
+    a.tag, a.key, a.source, a.policy, a.run_id = tag, key, source, policy, ARGV[j + 3]
+    a.stages, a.max_attempts, a.min_interval = ARGV[j + 4], ARGV[j + 5], tonum(ARGV[j + 6])
+    if traced then a.links_next, a.links_new, a.tp = KEYS[k + 1], KEYS[k + 2], ARGV[j + 7] end
     outcome, view = submit_one(a, vals)
   end
   if not view then view = '\30' .. view_reply(nil, rcall('HMGET', task, unpk(VIEW_FIELDS)), 0) end
