@@ -37,8 +37,9 @@ func (r *Runner) finish(job *Job, e entry, lease leasing.Lease, result, complete
 	// shutdown); it is bounded by the lease instead.
 	ctx, cancel := context.WithTimeout(context.Background(), lease.TTL)
 	defer cancel()
-	// The script derives the partition's keys from the record's hash tag.
-	fin := &scriptCall{script: r.reg.scripts.finish, keys: []string{ks.Task(k), ks.Lease(k), ks.History(k)},
+	// The script derives the run's lease and history and the partition's
+	// keys from the record's name.
+	fin := &scriptCall{script: r.reg.scripts.finish, keys: []string{ks.Task(k)},
 		args: []any{lease.Owner, lease.Token, runID, result, completed, errText, delay.Milliseconds(), r.reclaimIdle.Milliseconds(),
 			r.reg.histCap, r.reg.retention.Milliseconds(), r.reg.stagesCSV[job.Scope], job.Retry.MaxAttempts,
 			read, first.Letter(), entryID, r.leaseTTL(job.Scope).Milliseconds()}}

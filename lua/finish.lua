@@ -1,14 +1,15 @@
 -- finish: end an attempt, fenced. Releases the lease, acknowledges the
 -- request entry and records the result in one script, so a key is never left
 -- blocked by a lease, record or entry without the others.
--- KEYS[1] task record   KEYS[2] lease   KEYS[3] history
--- KEYS[4], KEYS[5] (only when tracing is on) the key's follow-up trace
+-- KEYS[1] task record
+-- KEYS[2], KEYS[3] (only when tracing is on) the key's follow-up trace
 --          links (requests merged into its next run, see submit.lua) and
 --          the links of the follow-up run ARGV[17]: a follow-up started here
 --          takes the first as the second
--- The partition's keys (retry queue, watch key, queue keys, paused
--- scopes, parked runs, events channel) are derived from KEYS[1]'s hash tag
--- (lib.lua tag_of): 3 keys declared instead of 12.
+-- The run's lease and history, and the partition's keys (retry queue,
+-- watch key, queue keys, paused scopes, parked runs, events channel), are
+-- derived from KEYS[1]'s name "<tag>:task:<key>" (lib.lua tag_of): 1 key
+-- declared instead of 12.
 -- ARGV[1] owner   ARGV[2] token   ARGV[3] runId
 -- ARGV[4] result: done | failed | cancelled | retry | handback
 -- ARGV[5] stage completed by this call ("" if none)   ARGV[6] error text
@@ -27,7 +28,7 @@
 --          record, passed instead of read
 -- ARGV[16] the job's lease TTL (ms), for the claim of the entry taken
 -- ARGV[17] (only when tracing is on) the follow-up run id, which names
---          KEYS[5]; without it a follow-up's id is derived from the ended
+--          KEYS[3]; without it a follow-up's id is derived from the ended
 --          run's (lib.lua claim_ending)
 -- returns {1, status after}   {0, ''} not held   {-1, ''} ARGV[5] is not the
 -- current stage — each followed by the entries taken. When the call takes
@@ -47,9 +48,10 @@
 -- has its entries), ZADD taken, and LLEN of the
 -- bell when it took all it asked for — instead of a separate read's round
 -- trip.
-local task, lease_key, hist = KEYS[1], KEYS[2], KEYS[3]
+local task = KEYS[1]
 local tag = tag_of(task)
 local key = ssub(task, #tag + 7) -- KEYS[1] is <tag>:task:<key>
+local lease_key, hist = tag .. ':lease:' .. key, tag .. ':history:' .. key
 local queue = queue_of(tag)
 local events = tag .. ':events'
 local watch, paused_key = tag .. ':watch', tag .. ':paused'
@@ -135,7 +137,7 @@ local function finish()
     if next_run_id == '' then next_run_id = nil end
     finish_terminal({task = task, q = queue, hist = hist, cap = cap,
       retention = ARGV[10], next_run_id = next_run_id, stages = ARGV[11],
-      max_attempts = ARGV[12], now = now, extra = upd, links_from = KEYS[4], links_to = KEYS[5]}, result, ARGV[6], r,
+      max_attempts = ARGV[12], now = now, extra = upd, links_from = KEYS[2], links_to = KEYS[3]}, result, ARGV[6], r,
       before)
   end
   pub(task)
