@@ -33,7 +33,7 @@
 -- on the hot path).
 local now, now_us = clock()
 local watched, paused = watch_and_paused(KEYS[1], KEYS[6])
-local c = {owner = ARGV[1], cap = ARGV[2], pub = publisher(ARGV[3], KEYS[1], watched), retention = ARGV[4],
+local c = {owner = ARGV[1], cap = ARGV[2], events = ARGV[3], watch = KEYS[1], watched = watched, retention = ARGV[4],
   q = queue_at(KEYS, 2), parked = KEYS[7], paused = paused, now = now, now_us = now_us}
 local out = {}
 for i = 1, (#KEYS - 7) / 3 do

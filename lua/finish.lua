@@ -60,7 +60,7 @@ local watch, paused_key = tag .. ':watch', tag .. ':paused'
 local n = tonum(ARGV[13]) or 0
 local watched, paused = nil, nil
 if n > 0 then watched, paused = watch_and_paused(watch, paused_key) end
-local pub = publisher(events, watch, watched) -- shared with the claim of the entry taken
+local pw = {events = events, watch = watch, watched = watched} -- publish's state, shared with the claim of the entry taken
 
 local function finish()
   local owner, token, run_id, result, cap = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[9]
@@ -140,7 +140,7 @@ local function finish()
       max_attempts = ARGV[12], now = now, extra = upd, links_from = KEYS[2], links_to = KEYS[3]}, result, ARGV[6], r,
       before)
   end
-  pub(task)
+  publish(pw, task)
   if result == 'retry' then return {1, 'retrying'}, now, now_us end
   if result == 'handback' then return {1, 'queued'}, now, now_us end
   if r.followUp == '1' then return {1, 'queued'}, now, now_us end
@@ -157,7 +157,7 @@ local function claim_taken(out, now, now_us)
   if scope ~= ssub(key, bar + 1) then
     return -- another job: the caller claims it with that job's definition
   end
-  local c = {owner = ARGV[1], cap = ARGV[9], pub = pub, retention = ARGV[10], q = queue,
+  local c = {owner = ARGV[1], cap = ARGV[9], events = events, watch = watch, watched = pw.watched, retention = ARGV[10], q = queue,
     parked = tag .. ':parked', paused = paused, now = now, now_us = now_us}
   out[4] = claim_in_slot(c, tag, e, run_id, next_key, source, ARGV[16], '', ARGV[11], ARGV[12])
 end

@@ -255,7 +255,7 @@ local PUBLISH_CMD = 'PUBLISH'
 -- on the partition's channel; subscribers turn it into a TaskView. It is
 -- skipped while watch_key is absent: subscribers (Registry.Subscribe) keep
 -- that key alive, and encoding views nobody reads costs a third of a
--- script's time. watch_key nil: the caller checked it (publisher).
+-- script's time. watch_key nil: the caller checked it (publish).
 local function publish_view(task_key, channel, watch_key)
   if watch_key and rcall('EXISTS', watch_key) == 0 then return end
   local flat = rcall('HGETALL', task_key)
@@ -268,17 +268,21 @@ local function publish_view(task_key, channel, watch_key)
   rcall(PUBLISH_CMD, channel, cjson.encode(view))
 end
 
--- publisher returns pub(task_key), publish_view on channel for one script
--- call: the watch key's EXISTS is asked once however many records the call
--- publishes (it cannot change within the call). A call writing several runs
--- (a batch of submits or claims, a finish that claims the next run) saves
--- a call per run after the first. watched: whether the key exists, when
--- the caller knows (watch_and_paused), else nil.
-local function publisher(channel, watch_key, watched)
-  return function(task_key)
-    if watched == nil then watched = rcall('EXISTS', watch_key) == 1 end
-    if watched then publish_view(task_key, channel, nil) end
+-- publish publishes task_key's view (publish_view) for one script call
+-- through w, a table the caller keeps for the call — w.events (channel),
+-- w.watch (watch key) and w.watched (whether the watch key exists: nil
+-- until asked, false or true after) — so the watch key's EXISTS is asked
+-- once however many records the call publishes (it cannot change within
+-- the call). The fields live in a table the caller has anyway (a claim's
+-- c, a submit's partition), not in a closure: a closure per call costs
+-- about as much as the EXISTS it saves.
+local function publish(w, task_key)
+  local watched = w.watched
+  if watched == nil then
+    watched = rcall('EXISTS', w.watch) == 1
+    w.watched = watched
   end
+  if watched then publish_view(task_key, w.events, nil) end
 end
 
 -- fenced reports whether the caller may write the run record: it holds the
@@ -377,40 +381,41 @@ local function lane_for(sources)
   return 'b'
 end
 
--- new_run creates a queued run on task_key and appends its request to the
--- partition's list of its lane, in the same script: a run record never
+-- new_run creates a queued run on record task and appends its request to
+-- the partition's list of its lane, in the same script: a run record never
 -- exists without its request, nor a request without its record (no
 -- orphans). A record that exists keeps 'token', the key's fencing counter,
--- and folds its coalesced requests into the history first; a new record
--- writes only the fields that are not empty or implied.
--- r: {task, q, hist, key, run_id, stages, max_attempts, sources,
---     source, now, exists, co, last_success (the ending run's finishedAt
---     when it was done, else nil)}
-local function new_run(r)
-  local lane = lane_for(r.sources)
-  local id = enqueue(r.q, lane, r.run_id, r.key, r.source)
-  if r.exists then
-    co_fold(r.task, r.hist, r.co)
-    local f = {'runId', r.run_id, 'status', 'queued', 'stages', r.stages, 'done', '0',
-      'stage', '', 'cursor', '', 'attempt', '0', 'maxAttempts', r.max_attempts, 'sources', r.sources,
-      'owner', '', 'requestedAt', r.now, 'startedAt', '', 'updatedAt', r.now, 'finishedAt', '',
+-- and folds its coalesced requests (co, its 'co' field) into the history
+-- first; a new record writes only the fields that are not empty or
+-- implied. q: the partition's queue keys; key: the task key; sources: the
+-- run's sources (comma list), source: the first; last_success: the ending
+-- run's finishedAt when it was done, else nil. Positional, not a table: a
+-- table per new run cost ~2,500 instructions.
+local function new_run(task, q, hist, key, run_id, stages, max_attempts, sources, source, now, exists, co, last_success)
+  local lane = lane_for(sources)
+  local id = enqueue(q, lane, run_id, key, source)
+  if exists then
+    co_fold(task, hist, co)
+    local f = {'runId', run_id, 'status', 'queued', 'stages', stages, 'done', '0',
+      'stage', '', 'cursor', '', 'attempt', '0', 'maxAttempts', max_attempts, 'sources', sources,
+      'owner', '', 'requestedAt', now, 'startedAt', '', 'updatedAt', now, 'finishedAt', '',
       'nextAttemptAt', '', 'lastError', '', 'cancel', '0', 'followUp', '0', 'followUpSources', '',
       'entry', id, 'lane', lane, 'waiting', '', 'v', ''}
-    -- finishedAt is cleared, so a done run's time (r.last_success) moves to
+    -- finishedAt is cleared, so a done run's time (last_success) moves to
     -- lastSuccessAt: finish_terminal writes it to finishedAt alone
-    if r.last_success then f[#f + 1], f[#f + 2] = 'lastSuccessAt', r.last_success end
-    rcall('HSET', r.task, unpk(f))
-    rcall('PERSIST', r.task)
-    rcall('PERSIST', r.hist)
+    if last_success then f[#f + 1], f[#f + 2] = 'lastSuccessAt', last_success end
+    rcall('HSET', task, unpk(f))
+    rcall('PERSIST', task)
+    rcall('PERSIST', hist)
   else
     -- absent fields read as empty: done and attempt as 0, lane as bulk;
     -- subject and scope are the key's parts
     if lane == 'p' then
-      rcall('HSET', r.task, 'key', r.key, 'runId', r.run_id, 'status', 'queued', 'stages', r.stages,
-        'maxAttempts', r.max_attempts, 'sources', r.sources, 'requestedAt', r.now, 'entry', id, 'lane', lane)
+      rcall('HSET', task, 'key', key, 'runId', run_id, 'status', 'queued', 'stages', stages,
+        'maxAttempts', max_attempts, 'sources', sources, 'requestedAt', now, 'entry', id, 'lane', lane)
     else
-      rcall('HSET', r.task, 'key', r.key, 'runId', r.run_id, 'status', 'queued', 'stages', r.stages,
-        'maxAttempts', r.max_attempts, 'sources', r.sources, 'requestedAt', r.now, 'entry', id)
+      rcall('HSET', task, 'key', key, 'runId', run_id, 'status', 'queued', 'stages', stages,
+        'maxAttempts', max_attempts, 'sources', sources, 'requestedAt', now, 'entry', id)
     end
   end
   return id
@@ -507,9 +512,8 @@ local function finish_terminal(c, result, err, r, before)
     if first == '' then first = 'manual' end
     local stages, max_attempts = r.stages, r.maxAttempts
     if c.stages and c.stages ~= '' then stages, max_attempts = c.stages, c.max_attempts end
-    new_run({task = c.task, q = c.q, hist = c.hist, key = r.key,
-      run_id = next_run_id, stages = stages, max_attempts = max_attempts, sources = srcs, source = first,
-      now = c.now, exists = true, co = r.co, last_success = result == 'done' and c.now or nil})
+    new_run(c.task, c.q, c.hist, r.key, next_run_id, stages, max_attempts, srcs, first, c.now, true, r.co,
+      result == 'done' and c.now or nil)
     hist_push(c.hist, c.cap, hist_ev(c.now, 'requested', next_run_id, first, '', 'started'))
     if c.links_from and rcall('EXISTS', c.links_from) == 1 then rcall('RENAME', c.links_from, c.links_to) end
   elseif tonum(c.retention) > 0 then
@@ -685,13 +689,13 @@ local function submit_one(a, vals)
   local throttled = not active and a.min_interval > 0 and last and (src == 'schedule' or src == 'foreground')
     and now - last < a.min_interval
   if not active and not throttled then
-    new_run({task = task, q = a.q, hist = hist, key = a.key, run_id = a.run_id, stages = a.stages, max_attempts = a.max_attempts, sources = src, source = src,
-      now = now, exists = status and true or false, co = vals[X + 24], last_success = last_success})
+    new_run(task, a.q, hist, a.key, a.run_id, a.stages, a.max_attempts, src, src, now, status and true or false,
+      vals[X + 24], last_success)
     hist_push(hist, a.cap, hist_ev(now, 'requested', a.run_id, src, '', 'started'))
     rcall('ZADD', a.index, now, a.key)
     if src ~= 'schedule' then seen_subject(a, now) end
     if a.occ ~= '' then rcall('HSET', task, a.occ_field, a.occ) end
-    a.pub(task)
+    publish(a.part, task)
     -- the caller knows the rest of the new run's view (jobs.startedView)
     return 'started', now
   end
@@ -766,12 +770,12 @@ local function submit_one(a, vals)
     if status == 'running' then
       put('cancel', '1')
       put('updatedAt', now)
-      rcall(PUBLISH_CMD, a.cancels, cancel_payload(a.key, cur))
+      rcall(PUBLISH_CMD, a.tag .. ':cancels', cancel_payload(a.key, cur))
     else
       put('v', '')
       rcall('HSET', task, unpk(set))
       set = {}
-      rcall('ZREM', a.retry, cur .. ' ' .. a.key)
+      rcall('ZREM', a.tag .. ':retry', cur .. ' ' .. a.key)
       finish_terminal({task = task, q = a.q, hist = hist, cap = a.cap,
         retention = a.retention, next_run_id = a.run_id, stages = a.stages,
         max_attempts = a.max_attempts, now = now, links_from = a.links_next, links_to = a.links_new}, 'cancelled', 'replaced')
@@ -782,7 +786,7 @@ local function submit_one(a, vals)
   if a.occ ~= '' then put(a.occ_field, a.occ) end
   if changed then put('v', '') end -- the cached view (submit_fast)
   if #set > 0 then rcall('HSET', task, unpk(set)) end
-  if changed then a.pub(task) end
+  if changed then publish(a.part, task) end
   if not r then return outcome end -- rewritten: the caller reads the view
   return outcome, '\30' .. view_reply(r)
 end
@@ -881,9 +885,9 @@ end
 -- claim_entry decides on one entry a runner took — stale, busy, foreign,
 -- paused or granted — and on a grant takes the lease with the key's next
 -- fencing token and enters the first incomplete stage (claim.lua has the
--- reply's contract). c: {owner, cap, pub (publisher), q (queue_at),
--- retention, parked (key), paused (paused_scopes), now, now_us
--- (clock)}; task, lease_key, hist: the entry's run's keys; then the entry,
+-- reply's contract). c: {owner, cap, events, watch, watched (publish),
+-- q (queue_at), retention, parked (key), paused (paused_scopes), now,
+-- now_us (clock)}; task, lease_key, hist: the entry's run's keys; then the entry,
 -- the lease TTL (ms), a follow-up run id (used if the claim ends the run and
 -- a follow-up is queued; '' derives one, see claim_ending), and this
 -- runner's definition of the run's job.
@@ -911,7 +915,7 @@ local function claim_entry(c, task, lease_key, hist, lane, entry_id, run_id, sou
   if rec[3] == '1' then
     rcall('DEL', lease_key)
     finish_terminal(claim_ending(c, task, hist, next_run_id, def_stages, def_max, run_id), 'cancelled', 'cancelled')
-    c.pub(task)
+    publish(c, task)
     return {'ack'}
   end
   -- nextAttemptAt is set only while retrying (the claim clears it)
@@ -931,7 +935,7 @@ local function claim_entry(c, task, lease_key, hist, lane, entry_id, run_id, sou
     rcall('ZADD', c.parked, 0, scope .. ' ' .. subject)
     rcall('HSET', task, 'entry', '', 'prun', run_id, 'psrc', source, 'plane', lane,
       'waiting', 'scope ' .. scope .. ' is paused', 'v', '')
-    c.pub(task)
+    publish(c, task)
     return {'paused'}
   end
   -- Rolling deploys: a run whose remaining stages this runner does not
@@ -960,7 +964,7 @@ local function claim_entry(c, task, lease_key, hist, lane, entry_id, run_id, sou
     rcall('ZADD', c.q.taken, 'XX', now, entry_id)
     if rec[10] ~= why then
       rcall('HSET', task, 'waiting', why, 'v', '')
-      c.pub(task)
+      publish(c, task)
     end
     return {'foreign', missing}
   end
@@ -972,7 +976,7 @@ local function claim_entry(c, task, lease_key, hist, lane, entry_id, run_id, sou
     if attempt >= max_attempts then
       rcall('DEL', lease_key)
       finish_terminal(claim_ending(c, task, hist, next_run_id, def_stages, def_max, run_id), 'failed', 'lease expired on the last attempt (' .. attempt .. ' of ' .. max_attempts .. ')')
-      c.pub(task)
+      publish(c, task)
       return {'ack'}
     end
   end
@@ -1022,7 +1026,7 @@ local function claim_entry(c, task, lease_key, hist, lane, entry_id, run_id, sou
   end
   hist_push(hist, c.cap, hist_ev(now, status == 'running' and 'recovered' or 'started', run_id, source, stage, outcome,
     owner, token))
-  c.pub(task)
+  publish(c, task)
   return {'granted', token, done, cursor, attempt_now, rec[8], sources, started, status}
 end
 

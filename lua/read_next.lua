@@ -34,7 +34,7 @@ for _ = 1, tonum(ARGV[7]) do
 end
 local watch = tag .. ':watch'
 local watched, paused = watch_and_paused(watch, tag .. ':paused')
-local c = {owner = ARGV[4], cap = ARGV[5], pub = publisher(tag .. ':events', watch, watched), retention = ARGV[6],
+local c = {owner = ARGV[4], cap = ARGV[5], events = tag .. ':events', watch = watch, watched = watched, retention = ARGV[6],
   q = q, parked = tag .. ':parked', paused = paused, now = now, now_us = now_us}
 local out = {}
 for _, e in ipairs(taken) do

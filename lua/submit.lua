@@ -42,7 +42,7 @@ local now = now_ms()
 local traced = ARGV[3] == '1'
 local kr, ar = 1, 6
 if traced then kr, ar = 3, 7 end
-local parts = {} -- per partition tag: {queue, index, retry, pub, cancels}, derived once per call
+local parts = {} -- per partition tag: its lanes, index and publish state, derived once per call
 local out = {}
 -- submit_one's arguments: one table for the call, its per-request fields
 -- rewritten (a table per request cost more than the rest of a new run's Lua)
@@ -57,13 +57,12 @@ for i = 1, #KEYS / kr do
     local tag = tag_of(task)
     local part = parts[tag]
     if not part then
-      part = {q = queue_of(tag), index = tag .. ':index', retry = tag .. ':retry',
-        pub = publisher(tag .. ':events', tag .. ':watch'), cancels = tag .. ':cancels'}
+      -- (the retry queue and cancel channel only a replace needs are named there)
+      part = {q = queue_of(tag), index = tag .. ':index', events = tag .. ':events', watch = tag .. ':watch'}
       parts[tag] = part
     end
     local key = ssub(task, #tag + 7)
-    a.task, a.hist, a.q, a.index, a.retry, a.pub, a.cancels = task, tag .. ':history:' .. key, part.q, part.index,
-      part.retry, part.pub, part.cancels
+    a.task, a.hist, a.q, a.index, a.part = task, tag .. ':history:' .. key, part.q, part.index, part
     a.tag, a.key, a.source, a.policy, a.run_id = tag, key, source, policy, ARGV[j + 3]
     a.stages, a.max_attempts, a.min_interval = ARGV[j + 4], ARGV[j + 5], tonum(ARGV[j + 6])
     if traced then a.links_next, a.links_new, a.tp = KEYS[k + 1], KEYS[k + 2], ARGV[j + 7] end

@@ -20,9 +20,10 @@ local now = now_ms()
 local out = {}
 local n = (#KEYS - 8) / 2
 -- submit_one's arguments, one table for the batch (see submit.lua)
-local a = {q = queue_at(KEYS, 1), index = KEYS[5], subjects = KEYS[6], retry = KEYS[7], pub = publisher(ARGV[8], KEYS[8]),
+local a = {q = queue_at(KEYS, 1), index = KEYS[5], subjects = KEYS[6], part = {events = ARGV[8], watch = KEYS[8]},
+  tag = tag_of(KEYS[7]), -- a replace names the retry queue (KEYS[7]) and cancel channel (ARGV[9]) from it
   source = ARGV[2], policy = ARGV[3], stages = ARGV[4], max_attempts = ARGV[5], min_interval = tonum(ARGV[6]),
-  cap = ARGV[7], cancels = ARGV[9], retention = ARGV[10],
+  cap = ARGV[7], retention = ARGV[10],
   occ_field = ARGV[11], occ = ARGV[12], now = now}
 for i = 1, n do
   local subject = ARGV[11 + 2 * i]
