@@ -93,7 +93,7 @@ func (c *client) console(ctx context.Context, cmd string, pos []string, print fu
 			return err
 		}
 		print(out, func() {
-			fmt.Fprintln(tw, "NAME\tCRON\tSCOPE\tSUBJECTS\tNEXT\tLAST FIRED\tFAN-OUT\tLEADER")
+			fmt.Fprintln(tw, "NAME\tCRON\tSCOPE\tSUBJECTS\tNEXT\tLAST FIRED\tFAN-OUT\tEARLIER\tLEADER")
 			for _, s := range out.Schedules {
 				subjects := "all"
 				if !s.Subjects.All {
@@ -111,7 +111,8 @@ func (c *client) console(ctx context.Context, cmd string, pos []string, print fu
 				if leader == "" {
 					leader = "(none)"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, s.Cron, s.Scope, subjects, next, last, fan, leader)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, s.Cron, s.Scope, subjects, next, last, fan,
+					earlierFanOuts(s.RecentOccurrences), leader)
 			}
 		})
 	}
@@ -130,6 +131,34 @@ func fanOutProgress(o *triggers.FanOutStatus) string {
 		return fmt.Sprintf("partition %d/%d, %d submitted", o.Partition, o.Partitions, o.Submitted)
 	}
 	return fmt.Sprintf("%d/%d, %d submitted", o.Index, o.Total, o.Submitted)
+}
+
+// earlierFanOuts summarises the fan-outs before the last one: "-", or
+// "12 done" / "11 done, 1 abandoned" with the longest one's duration.
+func earlierFanOuts(rs []*triggers.FanOutStatus) string {
+	if len(rs) == 0 {
+		return "-"
+	}
+	done, abandoned := 0, 0
+	var longest time.Duration
+	for _, o := range rs {
+		if o.Abandoned {
+			abandoned++
+			continue
+		}
+		done++
+		if o.FinishedAt != nil {
+			longest = max(longest, o.FinishedAt.Sub(o.StartedAt))
+		}
+	}
+	out := fmt.Sprintf("%d done", done)
+	if abandoned > 0 {
+		out += fmt.Sprintf(", %d abandoned", abandoned)
+	}
+	if done > 0 {
+		out += fmt.Sprintf(" (longest %s)", longest.Round(time.Millisecond))
+	}
+	return out
 }
 
 func deref(n *int) int {

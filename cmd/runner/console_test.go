@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tasklease/tasklease/triggers"
 )
 
 // consoleConfig adds a schedule to the CLI jobs, so `runner schedules` has
@@ -93,4 +95,23 @@ func lineHas(out string, parts ...string) bool {
 		}
 	}
 	return false
+}
+
+func TestEarlierFanOuts(t *testing.T) {
+	at := time.Date(2026, 12, 3, 2, 0, 0, 0, time.UTC)
+	fin := func(d time.Duration) *time.Time { f := at.Add(d); return &f }
+	for _, tc := range []struct {
+		rs   []*triggers.FanOutStatus
+		want string
+	}{
+		{nil, "-"},
+		{[]*triggers.FanOutStatus{{Done: true, StartedAt: at, FinishedAt: fin(1500 * time.Millisecond)},
+			{Done: true, StartedAt: at, FinishedAt: fin(3 * time.Second)}}, "2 done (longest 3s)"},
+		{[]*triggers.FanOutStatus{{Done: true, StartedAt: at, FinishedAt: fin(time.Second)},
+			{Done: true, Abandoned: true, StartedAt: at, FinishedAt: fin(time.Hour)}}, "1 done, 1 abandoned (longest 1s)"},
+	} {
+		if got := earlierFanOuts(tc.rs); got != tc.want {
+			t.Errorf("earlierFanOuts(%d fan-outs) = %q, want %q", len(tc.rs), got, tc.want)
+		}
+	}
 }
