@@ -299,6 +299,12 @@ func TestBrowserConsole(t *testing.T) {
 	// Runners and schedules list what is really there.
 	b.until(10*time.Second, "this runner alive", `[...document.querySelectorAll('#runners tr[data-owner]')].some(tr => tr.dataset.owner.startsWith("console-test/") && tr.querySelector('[data-field="state"]').textContent.trim() === "alive")`)
 	b.until(10*time.Second, "the schedule listed", `document.querySelector('#schedules tr[data-schedule="demo-hourly"] [data-field="next"]')?.textContent.trim() !== ""`)
+	// The hourly schedule never fires twice here: the summary of a
+	// schedule's earlier fan-outs is checked on the page's own function.
+	b.until(5*time.Second, "earlier fan-outs summed up", `earlierFanOuts([
+		{done: true, startedAt: "2026-12-03T02:00:00Z", finishedAt: "2026-12-03T02:00:03.5Z"},
+		{done: true, abandoned: true, startedAt: "2026-12-03T01:00:00Z", finishedAt: "2026-12-03T01:30:00Z"},
+		{done: true, startedAt: "2026-12-03T00:00:00Z", finishedAt: "2026-12-03T00:00:01Z"}]).textContent === "earlier: 2 done · 1 abandoned · longest 3.5 s" && earlierFanOuts([]) === null`)
 
 	// Cancel all matching the filter, with a confirmation naming the count.
 	for _, s := range []string{"m1", "m2", "m3"} {
