@@ -269,12 +269,12 @@ func (r *Registry) Submit(ctx context.Context, subject, scope string, opts Submi
 		return SubmitResult{}, err
 	}
 	ctx, span := r.startSubmitSpan(ctx, k, opts.Source)
-	out, err := r.submit(ctx, k, job, subject, opts)
+	out, err := r.submit(ctx, k, job, opts)
 	r.endSubmitSpan(ctx, span, k, out, err)
 	return out, err
 }
 
-func (r *Registry) submit(ctx context.Context, k taskkey.Key, job *Job, subject string, opts SubmitOptions) (SubmitResult, error) {
+func (r *Registry) submit(ctx context.Context, k taskkey.Key, job *Job, opts SubmitOptions) (SubmitResult, error) {
 	scope := k.Scope()
 	req := &submitReq{k: k, p: r.ks.Partition(k), source: opts.Source, policy: opts.Policy,
 		runID: newRunID(), stages: r.stagesCSV[scope], maxAttempts: job.Retry.MaxAttempts,
