@@ -43,7 +43,7 @@ func (r *Runner) cancelListener(ctx context.Context, sub *subscription) {
 }
 
 // cancelID is what the cancel channel carries for a run (cancel_payload
-// in lib.lua).
+// in lua/lib/publish.lua).
 func cancelID(key, runID string) string { return key + " " + runID }
 
 // track registers cancel for the cancel messages of run id (cancelID)

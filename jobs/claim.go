@@ -17,13 +17,13 @@ import (
 type entry struct {
 	p      int
 	lane   keyspace.Lane
-	id     string // the entry as queued (lib.lua enqueue): it names itself in the taken set
+	id     string // the entry as queued (lib/queues.lua enqueue): it names itself in the taken set
 	key    taskkey.Key
 	runID  string
 	source string
 }
 
-// entrySep separates an entry's fields (lib.lua enqueue).
+// entrySep separates an entry's fields (lib/queues.lua enqueue).
 const entrySep = "\x1f"
 
 // entryFrom decodes an entry, "<lane letter><runId>US<task key>US<source>";

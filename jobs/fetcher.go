@@ -58,7 +58,7 @@ func (r *Runner) jobDefsArgs() []any {
 	return out
 }
 
-// decodeEntries decodes the entries read_lanes (lua/lib.lua) took. Entries
+// decodeEntries decodes the entries read_lanes (lua/lib/queues.lua) took. Entries
 // not written by tasklease are dropped from the taken set so they are not
 // reclaimed forever.
 func (r *Runner) decodeEntries(ctx context.Context, p int, res []any) []entry {

@@ -223,7 +223,7 @@ func runChildRunner(t *testing.T, reg *Registry, cfg RunnerConfig, bound time.Du
 
 // takeScript takes entries off a partition's lanes (people first) into its
 // taken set, reclaimable a minute later, as a read does before it claims
-// (lib.lua read_lanes). KEYS: the queue keys; ARGV[1] n.
+// (lib/queues.lua read_lanes). KEYS: the queue keys; ARGV[1] n.
 var takeScript = redis.NewScript(`
 local t = redis.call('TIME')
 local due = t[1] * 1000 + 60000

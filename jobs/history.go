@@ -14,7 +14,7 @@ import (
 	"github.com/tasklease/tasklease/taskkey"
 )
 
-// histSep separates the fields of an encoded history event (lua/lib.lua
+// histSep separates the fields of an encoded history event (lua/lib/history.lua
 // hist_ev): at, event, runId, source, stage, outcome, owner,
 // fencingToken, error, and for folded repeats count and lastAt.
 const histSep = "\x1f"
@@ -44,7 +44,7 @@ func parseEvent(s string) Event {
 
 // readHistory returns up to limit events of k, newest first, with the
 // counts of coalesced repeats that are still kept in the run record (see
-// co_field and n_field in lua/lib.lua). Keys written before compact history keep a
+// co_field and n_field in lua/lib/history.lua). Keys written before compact history keep a
 // stream, read as such until it expires.
 func readHistory(ctx context.Context, rdb redis.UniversalClient, ks *keyspace.Space, k taskkey.Key, limit int) ([]Event, error) {
 	// The list and the record's coalescing fields are read in one

@@ -339,7 +339,7 @@ func TestHistoryCapAndNewestFirst(t *testing.T) {
 	}
 }
 
-// hsEncode builds a history entry as lua/lib.lua hist_ev does (and,
+// hsEncode builds a history entry as lua/lib/history.lua hist_ev does (and,
 // with count > 1, as co_fold leaves it).
 func hsEncode(at int64, event, runID, source, stage, outcome, owner string, token int64, errText string, count int, lastAt int64) string {
 	f := []string{strconv.FormatInt(at, 10), event, runID, source, stage, outcome, owner, strconv.FormatInt(token, 10), errText}

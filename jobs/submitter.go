@@ -124,7 +124,7 @@ func (q *submitReq) taskView() TaskView {
 }
 
 // viewFromReply builds the TaskView of k from submit.lua's encoded view:
-// a stamp (lib.lua view_stamp) up to the first RS (0x1E), then the values
+// a stamp (lib/submitting.lua view_stamp) up to the first RS (0x1E), then the values
 // of viewFieldNames, separated by histSep.
 func viewFromReply(k taskkey.Key, s string) TaskView {
 	if _, view, ok := strings.Cut(s, "\x1e"); ok {

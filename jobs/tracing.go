@@ -34,7 +34,7 @@ const (
 
 // linksMax bounds the request links a run keeps: a storm of joins is
 // represented by its first linksMax requests (the history counts them all).
-const linksMax = 32 // lua/lib.lua LINKS_MAX
+const linksMax = 32 // lua/lib/submitting.lua LINKS_MAX
 
 // tracerName is the instrumentation scope of tasklease's spans.
 const tracerName = "github.com/tasklease/tasklease/jobs"

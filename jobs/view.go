@@ -56,7 +56,7 @@ func viewFromRecord(f map[string]string) TaskView {
 }
 
 // Positions of the view fields in viewFieldNames (VIEW_FIELDS in
-// lua/lib.lua), so a reply is read without a map.
+// lua/lib/submitting.lua), so a reply is read without a map.
 const (
 	vfRunID = iota
 	vfStatus
@@ -81,7 +81,7 @@ const (
 )
 
 // viewFieldNames are the record fields a TaskView shows, in the order of
-// VIEW_FIELDS in lua/lib.lua: submit.lua replies with their values only
+// VIEW_FIELDS in lua/lib/submitting.lua: submit.lua replies with their values only
 // (viewFromReply).
 var viewFieldNames = [vfCount]string{"runId", "status", "stage", "stages", "done", "attempt", "maxAttempts", "sources",
 	"owner", "token", "requestedAt", "startedAt", "updatedAt", "finishedAt", "nextAttemptAt", "lastError",

@@ -13,7 +13,7 @@ import (
 )
 
 // A request that changes nothing answers with the record's cached view
-// (lib.lua submit_fast). Through a run's whole life the view it answers
+// (lib/submitting.lua submit_fast). Through a run's whole life the view it answers
 // with must be the one Get reads from the record: the cache is cleared by
 // every write of a view field and ignored when its stamp no longer matches.
 func TestJoinViewFollowsEveryChange(t *testing.T) {
@@ -89,17 +89,17 @@ func TestJoinViewFollowsEveryChange(t *testing.T) {
 
 // The cached view is VIEW_FIELDS' values in order; a cache written by a
 // version with other fields must not be read as this version's. V_TAG in
-// lib.lua names the layout: change it together with these fields.
+// lua/lib/submitting.lua names the layout: change it together with these fields.
 func TestViewCacheTag(t *testing.T) {
 	pinned := [vfCount]string{"runId", "status", "stage", "stages", "done", "attempt", "maxAttempts", "sources",
 		"owner", "token", "requestedAt", "startedAt", "updatedAt", "finishedAt", "nextAttemptAt", "lastError",
 		"cancel", "followUp", "waiting"}
-	src, err := os.ReadFile("../lua/lib.lua")
+	src, err := os.ReadFile("../lua/lib/submitting.lua")
 	if err != nil {
 		t.Fatal(err)
 	}
 	m := regexp.MustCompile(`local V_TAG = '([^']*)'`).FindSubmatch(src)
 	if m == nil || string(m[1]) != "v2" || viewFieldNames != pinned {
-		t.Fatalf("the view fields or V_TAG changed (tag %q): bump V_TAG in lua/lib.lua and pin the new fields and tag here", m)
+		t.Fatalf("the view fields or V_TAG changed (tag %q): bump V_TAG in lua/lib/submitting.lua and pin the new fields and tag here", m)
 	}
 }

@@ -10,7 +10,7 @@ import (
 )
 
 // TestViewFieldsMatchLua: submit.lua replies with the values of
-// VIEW_FIELDS (lib.lua) in order; viewFieldNames[:] must name the same fields in
+// VIEW_FIELDS (lib/submitting.lua) in order; viewFieldNames[:] must name the same fields in
 // the same order.
 func TestViewFieldsMatchLua(t *testing.T) {
 	src, err := lua.Source("submit")

@@ -5,7 +5,7 @@
 -- KEYS[1] task record   KEYS[2] history
 -- KEYS[3] partition retry queue
 -- KEYS[4] partition watch key (views are published only while it exists)
--- KEYS[5..8] the partition's queue keys (lib.lua queue_at)
+-- KEYS[5..8] the partition's queue keys (lib/queues.lua queue_at)
 -- ARGV[1] history cap   ARGV[2] events channel
 -- ARGV[3] cancel channel (payload "<task key> <runId>")   ARGV[4] retention (ms)   ARGV[5] requester source
 -- returns 'cancelled' | 'cancelling' | 'not_running'

@@ -28,7 +28,7 @@
 -- and a crashed holder's owner are read only then), TIME, SET NX lease,
 -- HSET of what changed, RPUSH (the entry stays in the taken set as the read
 -- scored it: the holder's heartbeat moves it on); plus, once per call, one
--- EXISTS of the watch and paused keys (lib.lua watch_and_paused: while
+-- EXISTS of the watch and paused keys (lib/queues.lua watch_and_paused: while
 -- nobody watches and nothing is paused, the only cost of views and pause
 -- on the hot path).
 local now, now_us = clock()

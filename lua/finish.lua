@@ -8,7 +8,7 @@
 --          takes the first as the second
 -- The run's lease and history, and the partition's keys (retry queue,
 -- watch key, queue keys, paused scopes, parked runs, events channel), are
--- derived from KEYS[1]'s name "<tag>:task:<key>" (lib.lua tag_of): 1 key
+-- derived from KEYS[1]'s name "<tag>:task:<key>" (lib/queues.lua tag_of): 1 key
 -- declared instead of 12.
 -- ARGV[1] owner   ARGV[2] token   ARGV[3] runId
 -- ARGV[4] result: done | failed | cancelled | retry | handback
@@ -29,11 +29,11 @@
 -- ARGV[16] the job's lease TTL (ms), for the claim of the entry taken
 -- ARGV[17] (only when tracing is on) the follow-up run id, which names
 --          KEYS[3]; without it a follow-up's id is derived from the ended
---          run's (lib.lua claim_ending)
+--          run's (lib/claiming.lua claim_ending)
 -- returns {1, status after}   {0, ''} not held   {-1, ''} ARGV[5] is not the
 -- current stage — each followed by the entries taken. When the call takes
 -- one entry and it is a run of the same job, the call also claims it for
--- this runner (lib.lua claim_entry, with this job's definition and lease
+-- this runner (lib/claiming.lua claim_entry, with this job's definition and lease
 -- TTL): the entry is followed by its claim reply (see claim.lua), and the
 -- slot's next run costs no claim call. Its record, lease and history keys
 -- are derived from the entry's task key and this key's partition tag: the

@@ -17,7 +17,7 @@ import (
 // claim_in_slot concatenate) to the names package keyspace gives them: a
 // drift would make a script write keys nothing else reads.
 func TestLuaDerivesKeyspaceNames(t *testing.T) {
-	lib, err := files.ReadFile(libFile)
+	lib, err := readLib()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -26,7 +26,7 @@ local q = queue_of(tag)
 return {tag, q.b, q.p, q.bell, q.taken, tag .. ':index', tag .. ':retry', tag .. ':watch', tag .. ':events',
   tag .. ':paused', tag .. ':parked', tag .. ':task:' .. ARGV[1], tag .. ':lease:' .. ARGV[1],
   tag .. ':history:' .. ARGV[1], string.sub(KEYS[1], #tag + 7), tag .. ':cancels', tag .. ':subjects-seen:course_sync'}`
-	src, err := compose(string(lib), "keys_test", body)
+	src, err := compose(lib, "keys_test", body)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,5 +1,5 @@
 -- lease_acquire: grant a free lease with the key's next fencing token,
--- max(previous + 1, Redis TIME in µs) (see lease_grant in lib.lua).
+-- max(previous + 1, Redis TIME in µs) (see lease_grant in lib/base.lua).
 -- KEYS[1] lease key   KEYS[2] fence counter
 -- ARGV[1] owner       ARGV[2] ttl (ms)   ARGV[3] fence counter expiry (ms)
 -- returns {1, token}                  granted

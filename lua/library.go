@@ -10,7 +10,7 @@ import (
 )
 
 // Library is every script of this package as one Redis Functions library
-// (Redis ≥ 7.0): lib.lua's helpers are defined once, when the library is
+// (Redis ≥ 7.0): lib/'s helpers are defined once, when the library is
 // loaded, instead of on every call as an EVAL script's prelude is — that
 // prelude was the largest fixed cost of a call (about 10 µs of Redis CPU
 // for the engine's scripts). Each script's body becomes a function taking
@@ -35,20 +35,20 @@ type LibraryOptions struct {
 	ShardedPubSub bool
 }
 
-// publishLine is lib.lua's definition of the publish command.
+// publishLine is lib/publish.lua's definition of the publish command.
 const publishLine = "local PUBLISH_CMD = 'PUBLISH'"
 
 // NewLibrary builds the library of every script.
 func NewLibrary(opts LibraryOptions) (*Library, error) {
-	lib, err := files.ReadFile(libFile)
+	lib, err := readLib()
 	if err != nil {
-		return nil, fmt.Errorf("lua: read %s: %w", libFile, err)
+		return nil, err
 	}
 	if opts.ShardedPubSub {
-		if !strings.Contains(string(lib), publishLine) {
-			return nil, fmt.Errorf("lua: %s does not define %q", libFile, publishLine)
+		if !strings.Contains(lib, publishLine) {
+			return nil, fmt.Errorf("lua: lib/publish.lua does not define %q", publishLine)
 		}
-		lib = []byte(strings.Replace(string(lib), publishLine, "local PUBLISH_CMD = 'SPUBLISH'", 1))
+		lib = strings.Replace(lib, publishLine, "local PUBLISH_CMD = 'SPUBLISH'", 1)
 	}
 	names, err := fs.Glob(files, "*.lua")
 	if err != nil {
@@ -57,11 +57,8 @@ func NewLibrary(opts LibraryOptions) (*Library, error) {
 	sort.Strings(names)
 	bodies := map[string]string{}
 	h := sha1.New()
-	h.Write(lib)
+	h.Write([]byte(lib))
 	for _, f := range names {
-		if f == libFile {
-			continue
-		}
 		b, err := files.ReadFile(f)
 		if err != nil {
 			return nil, err

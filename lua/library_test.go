@@ -63,7 +63,7 @@ func TestLibraryHoldsEveryScript(t *testing.T) {
 	if err != nil || len(libs) != 1 {
 		t.Fatalf("FUNCTION LIST: %v %v", libs, err)
 	}
-	// the library's functions: one per script file but lib.lua
+	// the library's functions: one per script file (lib/ holds helpers, not scripts)
 	if n := len(libs[0].Functions); n != 22 {
 		t.Errorf("library has %d functions, want 22 (one per script)", n)
 	}

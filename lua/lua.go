@@ -1,15 +1,15 @@
 // Package lua holds tasklease's Redis Lua scripts.
 //
 // Each NAME.lua file is headed by its KEYS / ARGV / return contract. Scripts
-// share the helpers of lib.lua (lease grant and check, history, publish,
+// share the helpers of lib/ (lease grant and check, history, publish,
 // checkpoint hand-over): Script prepends to the body the helpers it uses,
 // so the logic of e.g. a lease grant exists once even though several
 // scripts grant leases. Only the helpers a script reaches are included:
 // Redis runs a script's whole chunk on every call, and defining all of
-// lib.lua's functions cost about 2 µs per call.
+// lib/'s functions cost about 2 µs per call.
 //
 // On Redis 7 the engine runs the scripts as Redis Functions instead
-// (NewLibrary: all of them in one library, lib.lua defined once at load),
+// (NewLibrary: all of them in one library, lib/ defined once at load),
 // which removes the helpers' cost from every call. Elsewhere (miniredis,
 // Redis 6, the standalone leasing and cron scripts) scripts run through
 // go-redis (*redis.Script).Run: EVALSHA, falling back to EVAL when Redis
@@ -26,27 +26,56 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-//go:embed *.lua
+//go:embed *.lua lib/*.lua
 var files embed.FS
 
-const libFile = "lib.lua"
+// libFiles are the helpers' files, in the order they are defined: each
+// uses only those of the files before it (a Lua local is visible after its
+// definition).
+var libFiles = []string{
+	"lib/base.lua",
+	"lib/history.lua",
+	"lib/publish.lua",
+	"lib/checkpoints.lua",
+	"lib/queues.lua",
+	"lib/runs.lua",
+	"lib/submitting.lua",
+	"lib/claiming.lua",
+}
 
-// Source returns the full source of script name (without ".lua"), lib
-// included.
+// readLib returns the helpers: libFiles as one chunk, blank-line separated.
+func readLib() (string, error) {
+	var b strings.Builder
+	for _, f := range libFiles {
+		code, err := files.ReadFile(f)
+		if err != nil {
+			return "", fmt.Errorf("lua: read %s: %w", f, err)
+		}
+		b.Write(code)
+		b.WriteString("\n\n")
+	}
+	return b.String(), nil
+}
+
+// Source returns the full source of script name (without ".lua"), the
+// helpers it uses included.
 func Source(name string) (string, error) {
-	lib, err := files.ReadFile(libFile)
+	lib, err := readLib()
 	if err != nil {
-		return "", fmt.Errorf("lua: read %s: %w", libFile, err)
+		return "", err
+	}
+	if strings.ContainsRune(name, '/') { // lib/'s files are helpers, not scripts
+		return "", fmt.Errorf("lua: unknown script %q", name)
 	}
 	body, err := files.ReadFile(name + ".lua")
 	if err != nil {
 		return "", fmt.Errorf("lua: unknown script %q: %w", name, err)
 	}
-	return compose(string(lib), name, string(body))
+	return compose(lib, name, string(body))
 }
 
 // compose is script name: the helpers of lib its body uses, then the body,
-// which first calls bind (lib.lua), the upvalues every helper calls
+// which first calls bind (lib/base.lua), the upvalues every helper calls
 // through.
 func compose(lib, name, body string) (string, error) {
 	body = "bind()\n" + body
@@ -57,7 +86,7 @@ func compose(lib, name, body string) (string, error) {
 	return prelude + "\n-- " + name + ".lua\n" + body, nil
 }
 
-// topDef matches a helper's definition in lib.lua: a top-level local.
+// topDef matches a helper's definition in lib/: a top-level local.
 var topDef = regexp.MustCompile(`(?m)^local (?:function )?([A-Za-z_][A-Za-z0-9_]*)`)
 
 var ident = regexp.MustCompile(`[A-Za-z_][A-Za-z0-9_]*`)
@@ -77,7 +106,7 @@ func helpersFor(lib, body string) (string, error) {
 		}
 		ms := topDef.FindAllStringSubmatch(code, -1)
 		if ms == nil || !strings.HasPrefix(strings.TrimLeft(code, "\n"), "local ") {
-			return "", fmt.Errorf("lua: %s paragraph %d does not start with a top-level definition: %.60q", libFile, i+1, code)
+			return "", fmt.Errorf("lua: lib/ paragraph %d does not start with a top-level definition: %.60q", i+1, code)
 		}
 		defines[i] = ms[0][1]
 		for _, m := range ms { // a paragraph may define more than one (bind's)
@@ -114,7 +143,7 @@ func helpersFor(lib, body string) (string, error) {
 	return b.String(), nil
 }
 
-// uncommented drops Lua line comments (lib.lua has no long comments).
+// uncommented drops Lua line comments (lib/ has no long comments).
 func uncommented(s string) string {
 	lines := strings.Split(s, "\n")
 	for i, l := range lines {

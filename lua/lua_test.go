@@ -12,7 +12,7 @@ import (
 
 var argRef = regexp.MustCompile(`(KEYS|ARGV)\[[0-9]+\]`)
 
-// scriptNames lists every embedded script except lib.lua.
+// scriptNames lists every embedded script (the helpers of lib/ are not).
 func scriptNames(t *testing.T) []string {
 	t.Helper()
 	paths, err := fs.Glob(files, "*.lua")
@@ -21,9 +21,7 @@ func scriptNames(t *testing.T) []string {
 	}
 	var names []string
 	for _, p := range paths {
-		if p != libFile {
-			names = append(names, strings.TrimSuffix(p, ".lua"))
-		}
+		names = append(names, strings.TrimSuffix(p, ".lua"))
 	}
 	// The scripts leasing and checkpoints construct with MustScript.
 	for _, want := range []string{"lease_acquire", "lease_renew", "lease_release", "checkpoint_begin", "checkpoint_advance", "checkpoint_progress"} {
@@ -73,7 +71,7 @@ func TestScriptHeaders(t *testing.T) {
 }
 
 func TestSourceAndScript(t *testing.T) {
-	lib, err := files.ReadFile(libFile)
+	lib, err := readLib()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,16 +84,16 @@ func TestSourceAndScript(t *testing.T) {
 		if !strings.HasSuffix(src, string(body)) {
 			t.Errorf("Source(%s) does not end with %s.lua", name, name)
 		}
-		// Every helper included is lib.lua's text, and every helper the
+		// Every helper included is lib/'s text, and every helper the
 		// script (or an included helper) calls is included.
 		prelude := strings.TrimSuffix(src, string(body))
 		for _, m := range topDef.FindAllStringSubmatch(prelude, -1) {
-			if !strings.Contains(string(lib), m[0]) {
-				t.Errorf("Source(%s) defines %s, not from lib.lua", name, m[1])
+			if !strings.Contains(lib, m[0]) {
+				t.Errorf("Source(%s) defines %s, not from lib/", name, m[1])
 			}
 		}
 		defined := map[string]bool{}
-		for _, m := range topDef.FindAllStringSubmatch(string(lib), -1) {
+		for _, m := range topDef.FindAllStringSubmatch(lib, -1) {
 			defined[m[1]] = true
 		}
 		have := map[string]bool{}
@@ -120,8 +118,39 @@ func TestSourceAndScript(t *testing.T) {
 	}
 }
 
+// TestLibDefinesBeforeUse checks the order of lib/'s helpers: a helper
+// that uses one defined later (in a later paragraph of its file or in a
+// file later in libFiles) would see a nil global instead, and fail only
+// when that line runs.
+func TestLibDefinesBeforeUse(t *testing.T) {
+	lib, err := readLib()
+	if err != nil {
+		t.Fatal(err)
+	}
+	paras := strings.Split(strings.TrimSpace(lib), "\n\n")
+	where := map[string]int{}
+	for i, p := range paras {
+		for _, m := range topDef.FindAllStringSubmatch(uncommented(p), -1) {
+			if j, dup := where[m[1]]; dup {
+				t.Errorf("%s is defined twice (paragraphs %d and %d)", m[1], j+1, i+1)
+			}
+			where[m[1]] = i
+		}
+	}
+	if len(where) < 50 {
+		t.Fatalf("found %d helpers in lib/, want the library's", len(where))
+	}
+	for i, p := range paras {
+		for _, w := range ident.FindAllString(uncommented(p), -1) {
+			if j, ok := where[w]; ok && j > i {
+				t.Errorf("paragraph %d (%.40q) uses %s, defined after it (paragraph %d)", i+1, strings.TrimSpace(uncommented(p)), w, j+1)
+			}
+		}
+	}
+}
+
 func TestUnknownScript(t *testing.T) {
-	for _, name := range []string{"nope", "lib_missing", "../lua", ""} {
+	for _, name := range []string{"nope", "lib_missing", "../lua", "lib/base", ""} {
 		if src, err := Source(name); err == nil {
 			t.Errorf("Source(%q) = %d bytes, want error", name, len(src))
 		}
@@ -138,7 +167,7 @@ func TestUnknownScript(t *testing.T) {
 }
 
 // TestScriptsCompile loads every script into Redis, which compiles it: a
-// syntax error in lib.lua or a script fails here rather than at first use.
+// syntax error in lib/ or a script fails here rather than at first use.
 func TestScriptsCompile(t *testing.T) {
 	names := scriptNames(t)
 	for _, b := range redistest.Backends(t) {

@@ -1,7 +1,7 @@
 -- read_next: take up to n entries of one partition, from the preferred lane
 -- first and from the other only for what is left, so a runner's free slots
--- go to people's requests before bulk work (lib.lua read_lanes), and claim
--- each for this runner in the same call (lib.lua claim_entry, with this
+-- go to people's requests before bulk work (lib/queues.lua read_lanes), and claim
+-- each for this runner in the same call (lib/claiming.lua claim_entry, with this
 -- runner's definition of the entry's job; a job it does not define is
 -- answered 'foreign'). A run picked up by an idle runner thus costs one
 -- call after the bell wakes it. (Blocking pops cannot run in a script; an
@@ -16,7 +16,7 @@
 -- ARGV[7] J, the number of jobs this runner defines, then per job 4
 --   arguments: scope, stages (comma list), maxAttempts, lease TTL (ms)
 -- (A claim that ends a run with a queued follow-up derives the follow-up's
--- run id: lib.lua claim_ending.)
+-- run id: lib/claiming.lua claim_ending.)
 -- returns the entries taken, in order, each followed by its claim reply
 -- (see claim.lua). The entries' record, lease and history keys are derived
 -- from the entries in the partition's slot, as in finish.lua.

@@ -12,7 +12,7 @@
 -- nothing pending is deleted, group and all. So the requests of older
 -- runners in a rolling deploy are served by this version, and a fresh
 -- install never has a stream.
--- KEYS[1..4] the partition's queue keys (lib.lua queue_at)
+-- KEYS[1..4] the partition's queue keys (lib/queues.lua queue_at)
 -- KEYS[5] legacy bulk request stream   KEYS[6] legacy people request stream
 -- ARGV[1] n   ARGV[2] reclaim idle (ms)   ARGV[3] legacy consumer group
 -- ARGV[4] consumer name for drained entries   ARGV[5] '1': drain the legacy streams

@@ -8,7 +8,7 @@
 -- with no members if there are none: after that call nothing is parked for
 -- the scope any more.
 -- KEYS[1] partition's paused scopes (set)   KEYS[2] partition's parked runs
--- KEYS[3..6] the partition's queue keys (lib.lua queue_at)
+-- KEYS[3..6] the partition's queue keys (lib/queues.lua queue_at)
 -- KEYS[7] partition watch key (views are published only while it exists)
 -- KEYS[7+i] task record of parked member i
 -- ARGV[1] scope   ARGV[2] events channel   ARGV[2+i] parked member i ("<scope> <subject>")

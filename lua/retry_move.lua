@@ -1,7 +1,7 @@
 -- retry_move: move due retries back into the bulk lane with source
 -- "retry". Atomic, so whichever runner gets there first moves each once.
 -- KEYS[1] partition retry queue (members "<runId> <task key>")
--- KEYS[2..5] the partition's queue keys (lib.lua queue_at)
+-- KEYS[2..5] the partition's queue keys (lib/queues.lua queue_at)
 -- ARGV[1] max entries to move
 -- returns the number moved
 local due = rcall('ZRANGEBYSCORE', KEYS[1], '-inf', now_ms(), 'LIMIT', 0, tonum(ARGV[1]))

@@ -1,5 +1,5 @@
 -- submit: route TaskStartRequests through the registry (submit_one in
--- lib.lua), one or many per call: concurrent submits of a process are sent
+-- lib/submitting.lua), one or many per call: concurrent submits of a process are sent
 -- together, and on a single Redis (not Cluster) the requests of several
 -- partitions share one call, so the fixed cost of a script call is paid
 -- once per batch. If a key has no active run a queued run is created and
@@ -17,7 +17,7 @@
 --   minInterval (ms, 0 = none), traced: the request's W3C traceparent
 --   ('' for none)
 -- Everything else is derived from a record's name "<tag>:task:<key>"
--- (lib.lua tag_of; TestLuaDerivesKeyspaceNames pins the names): its task
+-- (lib/queues.lua tag_of; TestLuaDerivesKeyspaceNames pins the names): its task
 -- key, subject and scope, its history, and its partition's lanes, bell,
 -- taken set, index, retry queue, watch key, subjects of the scope and
 -- events and cancel channels, all in the record's slot. (Declared, a

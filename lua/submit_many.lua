@@ -1,11 +1,11 @@
 -- submit_many: route one request per subject of one scope, all in one
--- partition, through submit_one (lib.lua) — the same rules as submit.lua,
+-- partition, through submit_one (lib/submitting.lua) — the same rules as submit.lua,
 -- one script call for a whole batch (cron fan-outs, bulk "sync everyone").
 -- With an occurrence, each key records it (field occ_field = occ, unix
 -- seconds) and a repeat of it — or of an older one — is answered
 -- "duplicate" and writes nothing,
 -- so a fan-out resumed after a crash gives every subject exactly one request.
--- KEYS[1..4] the partition's queue keys (lib.lua queue_at)
+-- KEYS[1..4] the partition's queue keys (lib/queues.lua queue_at)
 -- KEYS[5] partition index   KEYS[6] partition subjects of the scope (zset)
 -- KEYS[7] partition retry queue   KEYS[8] partition watch key
 -- KEYS[7+2i] task record of subject i   KEYS[8+2i] its history   (i = 1..n)

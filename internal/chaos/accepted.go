@@ -36,7 +36,7 @@ type acceptedReq struct {
 // followUp reports whether the request is answered by a follow-up run
 // still to come rather than by the run its answer names. queued: the
 // answer names the active run; at most one follow-up (coalescing every
-// queue request) starts when it ends (lua/lib.lua finish_terminal).
+// queue request) starts when it ends (lua/lib/runs.lua finish_terminal).
 // replaced: a running run is flagged and answered with (its holder ends it
 // as cancelled, which starts the fresh run); a queued or retrying one is
 // ended in the submit itself and the answer names the fresh run (queued),

@@ -115,7 +115,7 @@ func (s *Space) Fence(k taskkey.Key) string { return s.taskKey("fence", k) }
 func (s *Space) Task(k taskkey.Key) string { return s.taskKey("task", k) }
 
 // History is the key's capped history: a list of compact events (see
-// lua/lib.lua hist_ev), oldest first.
+// lua/lib/history.lua hist_ev), oldest first.
 func (s *Space) History(k taskkey.Key) string { return s.taskKey("history", k) }
 
 // LegacyHistory is where deployments before compact history kept a key's
@@ -145,7 +145,7 @@ func (l Lane) Letter() string {
 }
 
 // QueueKeys are partition p's request queue keys, in the order every script
-// takes them (lib.lua queue_at): the bulk lane's list, the people lane's
+// takes them (lib/queues.lua queue_at): the bulk lane's list, the people lane's
 // list, the bell (a list holding at most one token, rung when a lane gets
 // work: idle runners block on it) and the taken set (a sorted set of the
 // entries runners took from the lanes, scored by the Redis time in ms at

@@ -1,0 +1,150 @@
+-- lib/base.lua: what every other part of the library builds on — the
+-- standard functions bound as upvalues, Redis time, numbers formatted for
+-- Redis, comma lists, and leases with their fencing tokens.
+-- The files of lib/ are one chunk, in lua.libFiles' order, prepended to
+-- every tasklease script (lua.Source: only the helpers a script uses) or
+-- defined once in the Functions library (lua.NewLibrary). Nothing here runs
+-- on its own; each helper documents what it touches, and callers pass every
+-- key through KEYS (or derive it in a declared key's slot) so scripts stay
+-- Redis Cluster safe.
+
+-- The standard functions the hot path calls, as upvalues bound at the
+-- start of every script call (bind: lua.Source and the Functions library
+-- emit the call). In a Redis Function every global is found through the
+-- globals' metatable: ~13 ns an access (redis.call is two) against ~0.5 ns
+-- for an upvalue, and a run makes a few hundred. They cannot be bound when
+-- the library loads: its loading environment has neither the string
+-- library nor redis.call.
+-- has_lmpop: Redis 7's LMPOP pops from the first non-empty of several
+-- lists in one call (read_lanes); Redis 6 and the embedded Redis have none.
+local rcall, ssub, sfind, tonum, unpk, has_lmpop
+local function bind()
+  rcall, ssub, sfind, tonum, unpk = redis.call, string.sub, string.find, tonumber, unpack
+  has_lmpop = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
+end
+
+-- clock returns Redis time once, as decimal strings: milliseconds and
+-- microseconds since the epoch. Strings, because every timestamp goes back
+-- to Redis, and formatting a Lua number (a double) is costly; Lua coerces
+-- them in arithmetic, comparisons need tonumber.
+local function clock()
+  local t = rcall('TIME')
+  local us6 = t[2]
+  if #us6 < 6 then us6 = string.rep('0', 6 - #us6) .. us6 end
+  return t[1] .. ssub(us6, 1, 3), t[1] .. us6
+end
+
+-- now_ms returns Redis server time in milliseconds (a decimal string):
+-- expiry and every timestamp come from Redis, never from a runner's clock.
+local function now_ms()
+  local ms = clock()
+  return ms
+end
+
+-- tok_str formats a fencing token (or any integer number) for Redis: Lua's
+-- tostring gives "1.7e+15" for microsecond tokens.
+local function tok_str(n)
+  if type(n) == 'string' then return n end
+  return string.format('%.0f', n)
+end
+
+-- INT holds the decimal strings of small integers. A Lua number passed to
+-- redis.call, or concatenated, is formatted by snprintf (~2,500
+-- instructions in Redis 7.0); the counters on the hot path (attempt, done,
+-- a repeat's count, an LPOP count) are small, and a lookup costs ~50.
+local INT = {[0] = '0', '1', '2', '3', '4', '5', '6', '7', '8', '9', '10', '11', '12', '13', '14', '15', '16'}
+
+-- int_str formats a non-negative integer (a number) for Redis.
+local function int_str(n) return INT[n] or tok_str(n) end
+
+-- split splits s on sep (a single plain character); "" gives {}.
+local function split(s, sep)
+  local out = {}
+  if s == nil or s == false or s == '' then return out end
+  local start = 1
+  while true do
+    local i = sfind(s, sep, start, true)
+    if not i then
+      out[#out + 1] = ssub(s, start)
+      return out
+    end
+    out[#out + 1] = ssub(s, start, i - 1)
+    start = i + 1
+  end
+end
+
+-- list_has reports whether comma list holds item.
+local function list_has(list, item)
+  if not list or list == '' then return false end
+  if list == item then return true end
+  -- most lists do not hold item even as a substring: one search, no strings made
+  if not sfind(list, item, 1, true) then return false end
+  return sfind(',' .. list .. ',', ',' .. item .. ',', 1, true) ~= nil
+end
+
+-- list_add appends item to a comma list unless present.
+local function list_add(list, item)
+  if not list or list == '' then return item end
+  if list_has(list, item) then return list end
+  return list .. ',' .. item
+end
+
+-- list_at returns the i-th item (1-based) of a comma list, or ''.
+local function list_at(list, i)
+  if not list or list == '' or i < 1 then return '' end
+  local start = 1
+  for _ = 2, i do -- skip i - 1 items, making no strings
+    local comma = sfind(list, ',', start, true)
+    if not comma then return '' end
+    start = comma + 1
+  end
+  local comma = sfind(list, ',', start, true)
+  return ssub(list, start, comma and comma - 1 or -1)
+end
+
+-- with_fields appends the field list extra (or nothing, when nil) to an
+-- HSET's field list, and returns it.
+local function with_fields(fields, extra)
+  if extra then
+    for i = 1, #extra do fields[#fields + 1] = extra[i] end
+  end
+  return fields
+end
+
+-- lease_value is what a lease key holds: "<token>|<owner>".
+local function lease_value(token, owner)
+  return tok_str(token) .. '|' .. owner
+end
+
+-- lease_held reports whether lease_key is held by owner with token.
+local function lease_held(lease_key, owner, token)
+  return rcall('GET', lease_key) == lease_value(token, owner)
+end
+
+-- next_token is the fencing token that follows prev: max(prev + 1, Redis
+-- TIME in microseconds; now_us as clock returns it). The time floor keeps
+-- tokens monotonic when Redis loses the previous token (restart without
+-- persistence, failover to a lagging replica, a flush, an expired counter).
+-- Tokens stay below 2^53. Returns the token as a decimal string.
+local function next_token(prev, now_us)
+  local p = tonum(prev)
+  if p and p + 1 > tonum(now_us) then return tok_str(p + 1) end
+  return now_us
+end
+
+-- lease_grant takes a free lease (SET PX) with the next fencing token,
+-- counted in fence_key, which may expire (fence_ttl_ms). This is the
+-- standalone lease API (package leasing); the engine keeps the counter in
+-- the run record instead (claim.lua).
+-- Returns token (a number), or nil, holder value, remaining ms.
+local function lease_grant(lease_key, fence_key, owner, ttl_ms, fence_ttl_ms)
+  local cur = rcall('GET', lease_key)
+  if cur then
+    return nil, cur, rcall('PTTL', lease_key)
+  end
+  local _, now_us = clock()
+  local token = next_token(rcall('GET', fence_key), now_us)
+  rcall('SET', fence_key, token, 'PX', fence_ttl_ms)
+  rcall('SET', lease_key, lease_value(token, owner), 'PX', ttl_ms)
+  return tonum(token)
+end

@@ -1,0 +1,137 @@
+-- lib/runs.lua: starting a run (a record with its request) and ending one
+-- (done, failed or cancelled, starting its queued follow-up).
+
+-- new_run creates a queued run on record task and appends its request to
+-- the partition's list of its lane, in the same script: a run record never
+-- exists without its request, nor a request without its record (no
+-- orphans). A record that exists keeps 'token', the key's fencing counter,
+-- and folds its coalesced requests (co, its 'co' field) into the history
+-- first; a new record writes only the fields that are not empty or
+-- implied. q: the partition's queue keys; key: the task key; sources: the
+-- run's sources (comma list), source: the first; last_success: the ending
+-- run's finishedAt when it was done, else nil. Positional, not a table: a
+-- table per new run cost ~2,500 instructions.
+local function new_run(task, q, hist, key, run_id, stages, max_attempts, sources, source, now, exists, co, last_success)
+  local lane = lane_for(sources)
+  local id = enqueue(q, lane, run_id, key, source)
+  if exists then
+    co_fold(task, hist, co)
+    local f = {'runId', run_id, 'status', 'queued', 'stages', stages, 'done', '0',
+      'stage', '', 'cursor', '', 'attempt', '0', 'maxAttempts', max_attempts, 'sources', sources,
+      'owner', '', 'requestedAt', now, 'startedAt', '', 'updatedAt', now, 'finishedAt', '',
+      'nextAttemptAt', '', 'lastError', '', 'cancel', '0', 'followUp', '0', 'followUpSources', '',
+      'entry', id, 'lane', lane, 'waiting', '', 'v', ''}
+    -- finishedAt is cleared, so a done run's time (last_success) moves to
+    -- lastSuccessAt: finish_terminal writes it to finishedAt alone
+    if last_success then f[#f + 1], f[#f + 2] = 'lastSuccessAt', last_success end
+    rcall('HSET', task, unpk(f))
+    rcall('PERSIST', task)
+    rcall('PERSIST', hist)
+  else
+    -- absent fields read as empty: done and attempt as 0, lane as bulk;
+    -- subject and scope are the key's parts
+    if lane == 'p' then
+      rcall('HSET', task, 'key', key, 'runId', run_id, 'status', 'queued', 'stages', stages,
+        'maxAttempts', max_attempts, 'sources', sources, 'requestedAt', now, 'entry', id, 'lane', lane)
+    else
+      rcall('HSET', task, 'key', key, 'runId', run_id, 'status', 'queued', 'stages', stages,
+        'maxAttempts', max_attempts, 'sources', sources, 'requestedAt', now, 'entry', id)
+    end
+  end
+  return id
+end
+
+-- follow_up_id is the run id of the follow-up of run run_id when the caller
+-- sent none: a run ends once, so it is as unique as a random one, and
+-- callers need not send an id for this rare case.
+local function follow_up_id(run_id)
+  return ssub(redis.sha1hex('follow-up of ' .. run_id), 1, 24)
+end
+
+-- FT_FIELDS are the record fields finish_terminal reads when its caller
+-- passes no record (ft_read).
+local FT_FIELDS = {'entry', 'runId', 'key', 'followUp', 'followUpSources', 'stages', 'maxAttempts',
+  'stage', 'owner', 'token', 'lane', 'co', 'cancel', 'nextAttemptAt', 'waiting', 'lastError', 'v'}
+
+-- ft_read reads fields (a list of names) of task into table r, by name:
+-- r[name] is the value, or nil when the field is absent.
+local function ft_read(task, fields, r)
+  r = r or {}
+  local vals = rcall('HMGET', task, unpk(fields))
+  for i = 1, #fields do
+    if vals[i] then r[fields[i]] = vals[i] end
+  end
+  return r
+end
+
+-- FT_FOLLOW_UP: the fields only the start of a queued follow-up reads.
+local FT_FOLLOW_UP = {'followUpSources', 'co', 'maxAttempts'}
+
+-- finish_terminal ends the current run as done, failed or cancelled: it
+-- acknowledges its request, records the result, and starts the queued
+-- follow-up if there is one; otherwise record and history expire after the
+-- retention. A follow-up is a new run: it takes the job's current
+-- definition (c.stages, c.max_attempts, from the caller's registry), not the
+-- ended run's; c.stages '' (a caller that does not define the job) keeps the
+-- ended run's. The caller has already released (or never held) the lease.
+-- r: the record by field name, holding FT_FIELDS, or nil to read them; with
+-- r.partial those of FT_FOLLOW_UP are left out (read here when a follow-up
+-- starts).
+-- A field the caller knows to be empty may be left out (a holder's finish:
+-- nextAttemptAt and waiting are cleared by the claim).
+-- before: an encoded event appended just before the result's (or nil).
+-- The task index is not re-scored: it is scored by a key's last request
+-- (submit_one), which is what the console pre-selects by; the janitor
+-- re-scores a candidate whose record still exists, so an entry leaves at
+-- most two retentions after its request.
+-- c: {task, q, hist, cap, retention, next_run_id (the follow-up's id:
+--     '' starts none, nil derives one with follow_up_id),
+--     stages, max_attempts, now, extra (more record fields to write, or nil),
+--     links_from and links_to (or nil): the trace links of the requests
+--     queued behind the run become the follow-up's (a new run: nothing
+--     else can have written its links yet)}
+local function finish_terminal(c, result, err, r, before)
+  r = r or ft_read(c.task, FT_FIELDS)
+  ack_entry(c.q, r.entry)
+  err = err or ''
+  -- finishedAt is also the record's updatedAt (jobs.viewFromValues) and,
+  -- for a done run, its last success (submit_one): one field, not three.
+  -- The entry is left as it is: nothing reads a finished run's entry.
+  local fields = {'status', result, 'finishedAt', c.now}
+  local n = 4
+  -- fields the run set that a finished record shows empty
+  local v = r.stage
+  if v and v ~= '' then fields[n + 1], fields[n + 2], n = 'stage', '', n + 2 end
+  v = r.cancel
+  if v and v ~= '0' then fields[n + 1], fields[n + 2], n = 'cancel', '0', n + 2 end
+  v = r.nextAttemptAt
+  if v and v ~= '' then fields[n + 1], fields[n + 2], n = 'nextAttemptAt', '', n + 2 end
+  v = r.waiting
+  if v and v ~= '' then fields[n + 1], fields[n + 2], n = 'waiting', '', n + 2 end
+  if err ~= '' or (r.lastError and r.lastError ~= '') then
+    fields[n + 1], fields[n + 2], n = 'lastError', err, n + 2
+  end
+  if c.extra then
+    for i = 1, #c.extra do fields[n + i] = c.extra[i] end
+    n = n + #c.extra
+  end
+  if r.v and r.v ~= '' then fields[n + 1], fields[n + 2] = 'v', '' end -- the cached view (submit_fast)
+  rcall('HSET', c.task, unpk(fields))
+  hist_push_after(c.hist, c.cap, before, hist_err(c.now, result, r.runId, r.stage, '', r.owner, r.token, err))
+  if r.followUp == '1' and c.next_run_id ~= '' then
+    local next_run_id = c.next_run_id or follow_up_id(r.runId)
+    if r.partial then ft_read(c.task, FT_FOLLOW_UP, r) end
+    local srcs = r.followUpSources
+    local first = list_at(srcs, 1)
+    if first == '' then first = 'manual' end
+    local stages, max_attempts = r.stages, r.maxAttempts
+    if c.stages and c.stages ~= '' then stages, max_attempts = c.stages, c.max_attempts end
+    new_run(c.task, c.q, c.hist, r.key, next_run_id, stages, max_attempts, srcs, first, c.now, true, r.co,
+      result == 'done' and c.now or nil)
+    hist_push(c.hist, c.cap, hist_ev(c.now, 'requested', next_run_id, first, '', 'started'))
+    if c.links_from and rcall('EXISTS', c.links_from) == 1 then rcall('RENAME', c.links_from, c.links_to) end
+  elseif tonum(c.retention) > 0 then
+    rcall('PEXPIRE', c.task, c.retention)
+    rcall('PEXPIRE', c.hist, c.retention)
+  end
+end

@@ -1,0 +1,266 @@
+-- lib/submitting.lua: routing a TaskStartRequest by the key's state and
+-- the conflict policy (submit.lua, submit_many.lua), with the cached view
+-- that lets a repeat change nothing but a counter.
+
+-- POLICY_OUTCOME: the outcome of a request on an active run, by policy,
+-- for the policies whose repeats are coalesced.
+local POLICY_OUTCOME = {join = 'joined', skip = 'skipped', queue = 'queued'}
+
+-- VIEW_FIELDS are the record fields a TaskView shows, in the order of
+-- jobs.viewFields (submit.lua replies with them instead of the whole
+-- record).
+local VIEW_FIELDS = {'runId', 'status', 'stage', 'stages', 'done', 'attempt', 'maxAttempts', 'sources',
+  'owner', 'token', 'requestedAt', 'startedAt', 'updatedAt', 'finishedAt', 'nextAttemptAt', 'lastError',
+  'cancel', 'followUp', 'waiting'}
+
+-- SUBMIT_READ: the record fields submit_one reads in its one HMGET: the
+-- view it replies with (VIEW_FIELDS, first, so a reply can be cut from the
+-- HMGET), then what it decides on.
+local SUBMIT_READ = {'runId', 'status', 'stage', 'stages', 'done', 'attempt', 'maxAttempts', 'sources',
+  'owner', 'token', 'requestedAt', 'startedAt', 'updatedAt', 'finishedAt', 'nextAttemptAt', 'lastError',
+  'cancel', 'followUp', 'waiting', 'lastSuccessAt', 'followUpSources', 'lane', 'entry', 'co'}
+
+-- view_reply encodes the view fields as one string, US-separated in
+-- VIEW_FIELDS order (jobs.viewFromReply): one reply value instead of a
+-- list. r is a record table by field name, or nil with vals, an HMGET
+-- holding VIEW_FIELDS' values from index off + 1.
+local function view_reply(r, vals, off)
+  local out = {}
+  for i = 1, #VIEW_FIELDS do
+    if r then out[i] = r[VIEW_FIELDS[i]] or '' else out[i] = vals[off + i] or '' end
+  end
+  return table.concat(out, US)
+end
+
+-- submit_read reads what submit_one decides on (one HMGET): the coalescing
+-- counters of this request's outcomes and its occurrence field (indices
+-- 1..5), then SUBMIT_READ (from index 6).
+local function submit_read(task, src, policy, occ_field)
+  -- a new key (the common case of a fan-out or a first request): nothing to read
+  if rcall('EXISTS', task) == 0 then return {} end
+  local po = POLICY_OUTCOME[policy] or 'replaced'
+  return rcall('HMGET', task, co_field(src, po), n_field(src, po), co_field(src, 'throttled'),
+    n_field(src, 'throttled'), occ_field ~= '' and occ_field or 'runId', unpk(SUBMIT_READ))
+end
+
+-- The record caches its encoded view (view_reply) in field 'v', so that a
+-- request that changes nothing reads a few fields instead of every view
+-- field (on a record of ~20 fields an HMGET of all of them costs more than
+-- the rest of the request). Every script that writes a view field also
+-- clears 'v' in the same HSET when it holds a view (a script that read
+-- it; the others write 'v' = '' unread). The cache is used only while its stamp
+-- (V_TAG, runId, status, updatedAt) still matches the record — every write
+-- of a view field, in this version and before it, changes the status or
+-- sets updatedAt (a claim's first attempt and a finish write startedAt and
+-- finishedAt instead, and change the status) —, so a writer that does not
+-- clear it (an older version during a rolling deploy) cannot make it answer
+-- with a stale run, status or stage.
+local V_TAG = 'v2' -- bump when VIEW_FIELDS or the stamp change (jobs.TestViewCacheTag pins it)
+
+-- LINKS_MAX bounds a run's trace links (jobs.linksMax).
+local LINKS_MAX = 32
+
+-- FAST_READ: after the co and n fields of the request's outcome.
+local FAST_READ = {'status', 'runId', 'updatedAt', 'v'}
+
+-- view_stamp is the prefix of a valid cached view for fast-read values f,
+-- ending in RS (0x1E, which no stamp field holds): a view reply is always
+-- "<stamp>RS<view>", the stamp empty when the view was not cached
+-- (jobs.viewFromReply cuts at the first RS).
+local function view_stamp(f)
+  return V_TAG .. (f[4] or '') .. US .. f[3] .. US .. (f[5] or '') .. '\30'
+end
+
+-- submit_fast answers a request that changes nothing but a counter — a
+-- repeated join or skip on an active run — with one HMGET of 6 fields and
+-- one HSET; the view comes from the cache ('v'), or, on the first such
+-- request after a change, from an HMGET of VIEW_FIELDS that refills it.
+-- A repeat is a request whose source and outcome already have their co
+-- field in this run: the first of them went through submit_one, which
+-- wrote that field in the same HSET as everything a join changes (the
+-- source added to sources, a promotion to the people lane), and a run's
+-- sources only grow, so a repeat changes nothing. want_view false (callers
+-- that reply with outcomes only) skips the view.
+-- Returns outcome and view (with its stamp), or nil — and false when
+-- there is no record — when submit_one must decide.
+local function submit_fast(task, src, policy, now, want_view)
+  local po = POLICY_OUTCOME[policy]
+  if po ~= 'joined' and po ~= 'skipped' then return nil end
+  local nf = n_field(src, po)
+  local f = rcall('HMGET', task, co_field(src, po), nf, unpk(FAST_READ))
+  local status = f[3]
+  if not status then return nil, false end
+  if not (status == 'queued' or status == 'running' or status == 'retrying') then return nil, true end
+  if not co_of_run(f[1], f[4]) then return nil, true end
+  local count = repeat_count(f[2], now)
+  if not want_view then
+    rcall('HSET', task, nf, count)
+    return po, ''
+  end
+  local stamp, v = view_stamp(f), f[6]
+  if v and sfind(v, stamp, 1, true) == 1 then
+    rcall('HSET', task, nf, count)
+    return po, v
+  end
+  v = stamp .. view_reply(nil, rcall('HMGET', task, unpk(VIEW_FIELDS)), 0)
+  rcall('HSET', task, nf, count, 'v', v)
+  return po, v
+end
+
+-- follow_up_link keeps the trace context of a request merged into the
+-- key's next run (queued, or replacing the active run) in the key's
+-- follow-up links (submit.lua, when traced), which the script that starts
+-- that run renames to its links (finish_terminal). The first such request
+-- of a run (no follow-up queued yet, follow_up not '1') drops what a
+-- follow-up that never started (cancelled) left there.
+local function follow_up_link(a, follow_up)
+  if not a.links_next then return end
+  if follow_up ~= '1' then rcall('DEL', a.links_next) end
+  if a.tp == '' then return end
+  rcall('RPUSH', a.links_next, a.tp)
+  rcall('LTRIM', a.links_next, 0, LINKS_MAX - 1)
+  if tonum(a.retention) > 0 then rcall('PEXPIRE', a.links_next, a.retention) end
+end
+
+-- seen_subject adds a.key's subject to its scope's subjects ("subjects:
+-- all"): a.subjects and a.subject when the caller declared them
+-- (submit_many), else named from the partition tag a.tag (keyspace
+-- Subjects) and split from a.key.
+local function seen_subject(a, now)
+  if a.subjects then
+    rcall('ZADD', a.subjects, now, a.subject)
+    return
+  end
+  local bar = sfind(a.key, '|', 1, true)
+  rcall('ZADD', a.tag .. ':subjects-seen:' .. ssub(a.key, bar + 1), now, ssub(a.key, 1, bar - 1))
+end
+
+-- submit_one routes one TaskStartRequest (see submit.lua for the rules);
+-- vals is submit_read's reply when the caller has it ({} for a key with
+-- no record).
+-- Dedup is by task key only; the source is recorded, never compared.
+-- returns the outcome: started | joined | queued | skipped | replaced |
+-- throttled, or duplicate when occ_field already holds occ or a later
+-- occurrence (unix seconds) — this occurrence already reached the key, or a
+-- newer one did; nothing is written.
+local function submit_one(a, vals)
+  local task, hist, now, src = a.task, a.hist, a.now, a.source
+  vals = vals or submit_read(task, src, a.policy, a.occ ~= '' and a.occ_field or '')
+  local X = 5 -- SUBMIT_READ starts at vals[X + 1]
+  -- A repeat of this occurrence, or a late batch of an older one (a leader
+  -- paused past its term), writes nothing: occurrences only move forward.
+  if a.occ ~= '' and (tonum(vals[5]) or -1) >= tonum(a.occ) then
+    return 'duplicate'
+  end
+  local cur, status = vals[X + 1], vals[X + 2]
+  local active = status == 'queued' or status == 'running' or status == 'retrying'
+  -- A new run (no active one, not throttled): nothing read is needed but
+  -- whether the record exists, and the reply is what was written.
+  -- the last success: a done run's finishedAt, or what new_run kept of an
+  -- earlier one
+  local last_success = status == 'done' and vals[X + 14] or nil
+  local last = tonum(last_success or vals[X + 20])
+  local throttled = not active and a.min_interval > 0 and last and (src == 'schedule' or src == 'foreground')
+    and now - last < a.min_interval
+  if not active and not throttled then
+    new_run(task, a.q, hist, a.key, a.run_id, a.stages, a.max_attempts, src, src, now, status and true or false,
+      vals[X + 24], last_success)
+    hist_push(hist, a.cap, hist_ev(now, 'requested', a.run_id, src, '', 'started'))
+    rcall('ZADD', a.index, now, a.key)
+    if src ~= 'schedule' then seen_subject(a, now) end
+    if a.occ ~= '' then rcall('HSET', task, a.occ_field, a.occ) end
+    publish(a.part, task)
+    -- the caller knows the rest of the new run's view (jobs.startedView)
+    return 'started', now
+  end
+  local r = {}
+  for i = 1, #SUBMIT_READ do r[SUBMIT_READ[i]] = vals[X + i] end
+  local set = {} -- fields of the record written by one HSET at the end
+  local function put(f, v)
+    set[#set + 1] = f
+    set[#set + 1] = v
+    if r then r[f] = v end
+  end
+  local function coalesce(event, outcome, c, n)
+    local f, v, new = hist_request(hist, a.cap, now, event, cur or '', src, outcome, c, n)
+    put(f, v)
+    if new then put('co', list_add(r.co, f)) end
+  end
+  -- "subjects: all" means every subject people or apps asked for within
+  -- the retention (schedule requests do not keep a subject in the set). It
+  -- is written when a run starts and when a source first joins a run, not
+  -- for every repeat.
+  local function seen()
+    if src ~= 'schedule' then seen_subject(a, now) end
+  end
+  local outcome
+  local changed = false -- whether the view changed (published only then)
+  if not active then
+    coalesce('throttled', 'throttled', vals[3], vals[4])
+    outcome = 'throttled'
+  elseif a.policy == 'join' then
+    local srcs = list_add(r.sources, src)
+    if srcs ~= r.sources then
+      put('sources', srcs)
+      seen()
+      changed = true
+    end
+    coalesce('joined', 'joined', vals[1], vals[2])
+    -- A person joining a queued bulk run promotes it to the people lane; a
+    -- run parked by a paused scope (no entry) is re-queued there on resume.
+    -- The bulk entry stays where it is (removing it from the middle of a
+    -- long list is O(n)): whichever entry is claimed first starts the run,
+    -- and the claim of the other finds the run started or over.
+    if is_person(src) and status == 'queued' and r.lane ~= 'p' then
+      if r.entry and r.entry ~= '' then
+        put('entry', enqueue(a.q, 'p', cur, a.key, src))
+      else
+        put('plane', 'p')
+      end
+      put('lane', 'p')
+      changed = true
+    end
+    if changed then put('updatedAt', now) end
+    outcome = 'joined'
+  elseif a.policy == 'skip' then
+    coalesce('skipped', 'skipped', vals[1], vals[2])
+    outcome = 'skipped'
+  elseif a.policy == 'queue' then
+    follow_up_link(a, r.followUp)
+    put('followUp', '1')
+    put('followUpSources', list_add(r.followUpSources, src))
+    put('updatedAt', now)
+    coalesce('requested', 'queued', vals[1], vals[2])
+    outcome, changed = 'queued', true
+  else
+    -- replace: the active run is cancelled through the registry and a
+    -- fresh run follows. A run nobody executes (queued, or waiting for its
+    -- retry backoff) is ended here; a running one is flagged, and its
+    -- holder ends it as cancelled, which starts the follow-up.
+    hist_push(hist, a.cap, hist_ev(now, 'requested', cur, src, '', 'replaced'))
+    follow_up_link(a, r.followUp)
+    put('followUp', '1')
+    put('followUpSources', src)
+    if status == 'running' then
+      put('cancel', '1')
+      put('updatedAt', now)
+      rcall(PUBLISH_CMD, a.tag .. ':cancels', cancel_payload(a.key, cur))
+    else
+      put('v', '')
+      rcall('HSET', task, unpk(set))
+      set = {}
+      rcall('ZREM', a.tag .. ':retry', cur .. ' ' .. a.key)
+      finish_terminal({task = task, q = a.q, hist = hist, cap = a.cap,
+        retention = a.retention, next_run_id = a.run_id, stages = a.stages,
+        max_attempts = a.max_attempts, now = now, links_from = a.links_next, links_to = a.links_new}, 'cancelled', 'replaced')
+      r = nil -- rewritten: the caller reads the view again
+    end
+    outcome, changed = 'replaced', true
+  end
+  if a.occ ~= '' then put(a.occ_field, a.occ) end
+  if changed then put('v', '') end -- the cached view (submit_fast)
+  if #set > 0 then rcall('HSET', task, unpk(set)) end
+  if changed then publish(a.part, task) end
+  if not r then return outcome end -- rewritten: the caller reads the view
+  return outcome, '\30' .. view_reply(r)
+end
