@@ -11,11 +11,14 @@
 --   of requests merged into its next run), KEYS[3i] the trace links of the
 --   run this request would start)
 -- ARGV[1] history cap   ARGV[2] retention (ms)   ARGV[3] '1' when traced
---   (the per-request layouts above and below), else '0'
--- per request i, ARGV[j+1 .. j+ar] with j = 3 + ar(i-1), ar = 6 (7 when
---   traced): source, policy, new run id, stages (comma list), maxAttempts,
---   minInterval (ms, 0 = none), traced: the request's W3C traceparent
---   ('' for none)
+--   (the per-request layout of KEYS above), else '0'
+-- ARGV[3+i] request i, one argument (jobs.requestArg):
+--   "<policy letter><source letter><new run id>US<stages (comma list)>US
+--   <maxAttempts>US<minInterval (ms, 0 = none)>", traced followed by
+--   US<the request's W3C traceparent ('' for none)>; the letters are the
+--   first of the names (POLICY_OF, SOURCE_OF). One argument instead of six:
+--   a repeat (submit_fast) reads only the two letters, and Redis makes a
+--   Lua string of every argument (~900 instructions each).
 -- Everything else is derived from a record's name "<tag>:task:<key>"
 -- (lib/queues.lua tag_of; TestLuaDerivesKeyspaceNames pins the names): its task
 -- key, subject and scope, its history, and its partition's lanes, bell,
@@ -40,17 +43,18 @@
 -- watch; ringing the bell (LLEN, RPUSH) when the lane was empty.
 local now = now_ms()
 local traced = ARGV[3] == '1'
-local kr, ar = 1, 6
-if traced then kr, ar = 3, 7 end
+local kr = traced and 3 or 1
 local parts = {} -- per partition tag: its lanes, index and publish state, derived once per call
 local out = {}
 -- submit_one's arguments: one table for the call, its per-request fields
 -- rewritten (a table per request cost more than the rest of a new run's Lua)
 local a = {cap = ARGV[1], retention = ARGV[2], occ_field = '', occ = '', now = now}
 for i = 1, #KEYS / kr do
-  local k, j = kr * (i - 1) + 1, 3 + ar * (i - 1)
-  local task, source, policy = KEYS[k], ARGV[j + 1], ARGV[j + 2]
-  local outcome, view = submit_fast(task, source, policy, now, true)
+  local k, req = kr * (i - 1) + 1, ARGV[3 + i]
+  local task = KEYS[k]
+  local pb, sb = sbyte(req, 1, 2)
+  local ff = fast_of(SOURCE_OF[sb], POLICY_OF[pb], pb * 256 + sb)
+  local outcome, view = submit_fast(task, ff, now, true)
   if not outcome then
     local vals = nil -- submit_one reads the record
     if view == false then vals = {} end -- no record
@@ -62,10 +66,15 @@ for i = 1, #KEYS / kr do
       parts[tag] = part
     end
     local key = ssub(task, #tag + 7)
+    local i1 = sfind(req, US, 3, true)
+    local i2 = sfind(req, US, i1 + 1, true)
+    local i3 = sfind(req, US, i2 + 1, true)
+    local i4 = traced and sfind(req, US, i3 + 1, true)
     a.task, a.hist, a.q, a.index, a.part = task, tag .. ':history:' .. key, part.q, part.index, part
-    a.tag, a.key, a.source, a.policy, a.run_id = tag, key, source, policy, ARGV[j + 3]
-    a.stages, a.max_attempts, a.min_interval = ARGV[j + 4], ARGV[j + 5], tonum(ARGV[j + 6])
-    if traced then a.links_next, a.links_new, a.tp = KEYS[k + 1], KEYS[k + 2], ARGV[j + 7] end
+    a.tag, a.key, a.source, a.policy, a.run_id = tag, key, SOURCE_OF[sb], POLICY_OF[pb], ssub(req, 3, i1 - 1)
+    a.stages, a.max_attempts = ssub(req, i1 + 1, i2 - 1), ssub(req, i2 + 1, i3 - 1)
+    a.min_interval = tonum(ssub(req, i3 + 1, i4 and i4 - 1 or -1))
+    if traced then a.links_next, a.links_new, a.tp = KEYS[k + 1], KEYS[k + 2], ssub(req, i4 + 1) end
     outcome, view = submit_one(a, vals)
   end
   if not view then view = '\30' .. view_reply(nil, rcall('HMGET', task, unpk(VIEW_FIELDS)), 0) end

@@ -25,11 +25,12 @@ local a = {q = queue_at(KEYS, 1), index = KEYS[5], subjects = KEYS[6], part = {e
   source = ARGV[2], policy = ARGV[3], stages = ARGV[4], max_attempts = ARGV[5], min_interval = tonum(ARGV[6]),
   cap = ARGV[7], retention = ARGV[10],
   occ_field = ARGV[11], occ = ARGV[12], now = now}
+local ff = fast_of(ARGV[2], ARGV[3], ARGV[2] .. ' ' .. ARGV[3])
 for i = 1, n do
   local subject = ARGV[11 + 2 * i]
   local vals = nil
   if ARGV[11] == '' then -- without an occurrence a repeat can take the fast path
-    local outcome, exists = submit_fast(KEYS[7 + 2 * i], ARGV[2], ARGV[3], now, false)
+    local outcome, exists = submit_fast(KEYS[7 + 2 * i], ff, now, false)
     out[i] = outcome
     if exists == false then vals = {} end
   end

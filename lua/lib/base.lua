@@ -17,9 +17,9 @@
 -- library nor redis.call.
 -- has_lmpop: Redis 7's LMPOP pops from the first non-empty of several
 -- lists in one call (read_lanes); Redis 6 and the embedded Redis have none.
-local rcall, ssub, sfind, tonum, unpk, has_lmpop
+local rcall, ssub, sfind, sbyte, tonum, unpk, has_lmpop
 local function bind()
-  rcall, ssub, sfind, tonum, unpk = redis.call, string.sub, string.find, tonumber, unpack
+  rcall, ssub, sfind, sbyte, tonum, unpk = redis.call, string.sub, string.find, string.byte, tonumber, unpack
   has_lmpop = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
 end
 

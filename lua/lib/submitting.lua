@@ -71,6 +71,31 @@ local function view_stamp(f)
   return V_TAG .. (f[4] or '') .. US .. f[3] .. US .. (f[5] or '') .. '\30'
 end
 
+-- FAST holds, by (source, policy), what submit_fast needs of a request:
+-- {co field, n field, outcome}, or false for a policy it does not answer
+-- (queue, replace). Filled on first use (fast_of) and kept by the
+-- Functions library across calls: a repeat then makes no field names.
+local FAST = {}
+
+-- fast_of is FAST's entry for src and policy, stored under k (any value
+-- naming the pair).
+local function fast_of(src, policy, k)
+  local f = FAST[k]
+  if f == nil then
+    local po = POLICY_OUTCOME[policy]
+    f = false
+    if po == 'joined' or po == 'skipped' then f = {co_field(src, po), n_field(src, po), po} end
+    FAST[k] = f
+  end
+  return f
+end
+
+-- POLICY_OF and SOURCE_OF name a request's policy and source by the
+-- letter (its first, as a byte) it travels as in submit.lua's request
+-- argument (jobs.requestArg).
+local POLICY_OF = {[106] = 'join', [115] = 'skip', [113] = 'queue', [114] = 'replace'}
+local SOURCE_OF = {[109] = 'manual', [102] = 'foreground', [115] = 'schedule', [114] = 'retry'}
+
 -- submit_fast answers a request that changes nothing but a counter — a
 -- repeated join or skip on an active run — with one HMGET of 6 fields and
 -- one HSET; the view comes from the cache ('v'), or, on the first such
@@ -79,15 +104,15 @@ end
 -- field in this run: the first of them went through submit_one, which
 -- wrote that field in the same HSET as everything a join changes (the
 -- source added to sources, a promotion to the people lane), and a run's
--- sources only grow, so a repeat changes nothing. want_view false (callers
--- that reply with outcomes only) skips the view.
+-- sources only grow, so a repeat changes nothing. ff is fast_of's entry
+-- for the request; want_view false (callers that reply with outcomes only)
+-- skips the view.
 -- Returns outcome and view (with its stamp), or nil — and false when
 -- there is no record — when submit_one must decide.
-local function submit_fast(task, src, policy, now, want_view)
-  local po = POLICY_OUTCOME[policy]
-  if po ~= 'joined' and po ~= 'skipped' then return nil end
-  local nf = n_field(src, po)
-  local f = rcall('HMGET', task, co_field(src, po), nf, unpk(FAST_READ))
+local function submit_fast(task, ff, now, want_view)
+  if not ff then return nil end
+  local nf, po = ff[2], ff[3]
+  local f = rcall('HMGET', task, ff[1], nf, unpk(FAST_READ))
   local status = f[3]
   if not status then return nil, false end
   if not (status == 'queued' or status == 'running' or status == 'retrying') then return nil, true end
