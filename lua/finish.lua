@@ -57,7 +57,7 @@ local events = tag .. ':events'
 local watch, paused_key = tag .. ':watch', tag .. ':paused'
 -- A finish that takes an entry may claim it: then it needs the paused
 -- scopes too, asked with the watch key in one EXISTS (watch_and_paused).
-local n = tonum(ARGV[13]) or 0
+local n = small_num(ARGV[13]) or 0
 local watched, paused = nil, nil
 if n > 0 then watched, paused = watch_and_paused(watch, paused_key) end
 local pw = {events = events, watch = watch, watched = watched} -- publish's state, shared with the claim of the entry taken
@@ -86,7 +86,7 @@ local function finish()
   local before = nil -- the completed stage's event, appended with the result's
   local upd = nil    -- the completed stage's checkpoint fields, written with the result's
   if ARGV[5] ~= '' then
-    local done = tonum(r.done) or 0
+    local done = small_num(r.done) or 0
     if list_at(r.stages, done + 1) ~= ARGV[5] then
       if rcall('GET', lease_key) ~= lease_value(token, owner) then return {0, ''} end
       return {-1, ''}
@@ -104,7 +104,7 @@ local function finish()
   local attempt, max_attempts = 1, 1
   if result == 'retry' or result == 'handback' then
     ft_read(task, {'attempt', 'maxAttempts', 'sources'}, r)
-    attempt, max_attempts = tonum(r.attempt) or 1, tonum(r.maxAttempts) or 1
+    attempt, max_attempts = small_num(r.attempt) or 1, small_num(r.maxAttempts) or 1
   end
   if result == 'retry' and r.cancel == '1' then
     result, ARGV[6] = 'cancelled', 'cancelled'
@@ -165,7 +165,7 @@ end
 local out, now, now_us = finish()
 if n > 0 then
   if not now then now, now_us = clock() end
-  read_lanes(out, queue, ARGV[14] == 'b' and 'b' or 'p', n, now + tonum(ARGV[8]))
+  read_lanes(out, queue, ARGV[14] == 'b' and 'b' or 'p', n, now + conf_num(ARGV[8]))
   if n == 1 and #out == 3 then claim_taken(out, now, now_us) end
 end
 return out

@@ -20,15 +20,15 @@
 -- returns the entries taken, in order, each followed by its claim reply
 -- (see claim.lua). The entries' record, lease and history keys are derived
 -- from the entries in the partition's slot, as in finish.lua.
-local n = tonum(ARGV[1])
+local n = small_num(ARGV[1])
 local now, now_us = clock()
 local tag = tag_of(KEYS[1])
 local q = queue_of(tag)
-local taken = read_lanes({}, q, ARGV[2], n, now + tonum(ARGV[3]))
+local taken = read_lanes({}, q, ARGV[2], n, now + conf_num(ARGV[3]))
 if #taken == 0 then return taken end
 local defs = {}
 local j = 8
-for _ = 1, tonum(ARGV[7]) do
+for _ = 1, small_num(ARGV[7]) do
   defs[ARGV[j]] = j
   j = j + 4
 end

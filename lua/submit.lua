@@ -73,7 +73,7 @@ for i = 1, #KEYS / kr do
     a.task, a.hist, a.q, a.index, a.part = task, tag .. ':history:' .. key, part.q, part.index, part
     a.tag, a.key, a.source, a.policy, a.run_id = tag, key, SOURCE_OF[sb], POLICY_OF[pb], ssub(req, 3, i1 - 1)
     a.stages, a.max_attempts = ssub(req, i1 + 1, i2 - 1), ssub(req, i2 + 1, i3 - 1)
-    a.min_interval = tonum(ssub(req, i3 + 1, i4 and i4 - 1 or -1))
+    a.min_interval = small_num(ssub(req, i3 + 1, i4 and i4 - 1 or -1))
     if traced then a.links_next, a.links_new, a.tp = KEYS[k + 1], KEYS[k + 2], ssub(req, i4 + 1) end
     outcome, view = submit_one(a, vals)
   end

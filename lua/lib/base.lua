@@ -57,6 +57,31 @@ local INT = {[0] = '0', '1', '2', '3', '4', '5', '6', '7', '8', '9', '10', '11',
 -- int_str formats a non-negative integer (a number) for Redis.
 local function int_str(n) return INT[n] or tok_str(n) end
 
+-- NUM is INT backwards: tonumber converts a string twice (~1,200
+-- instructions), and the counters a run reads (attempt, maxAttempts,
+-- done, a call's entry count) are small.
+local NUM = {}
+for i = 0, #INT do NUM[INT[i]] = i end
+
+-- small_num is tonumber for a string that is usually a small counter.
+local function small_num(s) return NUM[s] or tonum(s) end
+
+-- CONF holds the numbers of configuration arguments — history cap,
+-- retention, reclaim idle — converted once per library load instead of on
+-- every use. Only for those: a handful of distinct values a deployment,
+-- where a value that changes per call would grow the table for good.
+local CONF = {}
+
+-- conf_num is tonumber for a configuration argument (CONF).
+local function conf_num(s)
+  local n = CONF[s]
+  if n == nil and s then
+    n = tonum(s)
+    CONF[s] = n
+  end
+  return n
+end
+
 -- split splits s on sep (a single plain character); "" gives {}.
 local function split(s, sep)
   local out = {}
@@ -127,8 +152,13 @@ end
 -- persistence, failover to a lagging replica, a flush, an expired counter).
 -- Tokens stay below 2^53. Returns the token as a decimal string.
 local function next_token(prev, now_us)
-  local p = tonum(prev)
-  if p and p + 1 > tonum(now_us) then return tok_str(p + 1) end
+  -- Both are decimal strings without leading zeros, so a shorter or
+  -- smaller one is a smaller number: the common case (the clock is ahead)
+  -- converts neither.
+  if prev and #prev >= #now_us and (#prev > #now_us or prev >= now_us) then
+    local p = tonum(prev)
+    if p and p + 1 > tonum(now_us) then return tok_str(p + 1) end
+  end
   return now_us
 end
 

@@ -91,7 +91,7 @@ local function claim_entry(c, task, lease_key, hist, lane, entry_id, run_id, sou
     local defined = {}
     for _, s in ipairs(split(def_stages, ',')) do defined[s] = true end
     local run_stages = split(rec[8], ',')
-    for i = (tonum(rec[9]) or 0) + 1, #run_stages do
+    for i = (small_num(rec[9]) or 0) + 1, #run_stages do
       if not defined[run_stages[i]] then missing = run_stages[i]; break end
     end
   end
@@ -110,7 +110,7 @@ local function claim_entry(c, task, lease_key, hist, lane, entry_id, run_id, sou
     end
     return {'foreign', missing}
   end
-  local attempt, max_attempts = tonum(rec[4]) or 0, tonum(rec[5]) or 1
+  local attempt, max_attempts = small_num(rec[4]) or 0, small_num(rec[5]) or 1
   if status == 'running' then
     -- The previous holder's lease expired without a finish: it crashed,
     -- paused or was cut off.
@@ -124,7 +124,7 @@ local function claim_entry(c, task, lease_key, hist, lane, entry_id, run_id, sou
   end
   -- Hand the record to the new holder: the run keeps its completed stages
   -- and cursor, so a recovered run resumes.
-  local done, cursor = tonum(rec[9]) or 0, rec[11] or ''
+  local done, cursor = small_num(rec[9]) or 0, rec[11] or ''
   local stage = list_at(rec[8], done + 1)
   local attempt_now = attempt + 1
   local sources = list_add(rec[7], source)

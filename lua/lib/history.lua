@@ -32,8 +32,7 @@ end
 -- costs a call only once the list is full.
 local function hist_push(hist, cap, ...)
   local n = rcall('RPUSH', hist, ...)
-  local c = tonum(cap)
-  if n > c then rcall('LTRIM', hist, -c, -1) end
+  if n > conf_num(cap) then rcall('LTRIM', hist, '-' .. cap, '-1') end
 end
 
 -- hist_push_after appends event ev, after event before when there is one
@@ -56,12 +55,13 @@ local function n_field(source, outcome) return 'n:' .. source .. ':' .. outcome 
 -- co_of_run reports whether co value v belongs to run run_id (without
 -- making strings: this is on every repeated request's path).
 local function co_of_run(v, run_id)
-  return v and run_id and string.byte(v, #run_id + 1) == 32 and sfind(v, run_id, 1, true) == 1
+  return v and run_id and sbyte(v, #run_id + 1) == 32 and sfind(v, run_id, 1, true) == 1
 end
 
 -- repeat_count is the n_field value after one more repeat.
 local function repeat_count(n_value, now)
-  local count = n_value and tonum(string.match(n_value, '^%d+')) or 1
+  local sp = n_value and sfind(n_value, ' ', 1, true)
+  local count = sp and small_num(ssub(n_value, 1, sp - 1)) or 1
   return int_str(count + 1) .. ' ' .. now
 end
 

@@ -130,7 +130,7 @@ local function finish_terminal(c, result, err, r, before)
       result == 'done' and c.now or nil)
     hist_push(c.hist, c.cap, hist_ev(c.now, 'requested', next_run_id, first, '', 'started'))
     if c.links_from and rcall('EXISTS', c.links_from) == 1 then rcall('RENAME', c.links_from, c.links_to) end
-  elseif tonum(c.retention) > 0 then
+  elseif conf_num(c.retention) > 0 then
     rcall('PEXPIRE', c.task, c.retention)
     rcall('PEXPIRE', c.hist, c.retention)
   end

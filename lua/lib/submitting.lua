@@ -144,7 +144,7 @@ local function follow_up_link(a, follow_up)
   if a.tp == '' then return end
   rcall('RPUSH', a.links_next, a.tp)
   rcall('LTRIM', a.links_next, 0, LINKS_MAX - 1)
-  if tonum(a.retention) > 0 then rcall('PEXPIRE', a.links_next, a.retention) end
+  if conf_num(a.retention) > 0 then rcall('PEXPIRE', a.links_next, a.retention) end
 end
 
 -- seen_subject adds a.key's subject to its scope's subjects ("subjects:
@@ -184,7 +184,8 @@ local function submit_one(a, vals)
   -- the last success: a done run's finishedAt, or what new_run kept of an
   -- earlier one
   local last_success = status == 'done' and vals[X + 14] or nil
-  local last = tonum(last_success or vals[X + 20])
+  local last = last_success or vals[X + 20]
+  last = last and tonum(last)
   local throttled = not active and a.min_interval > 0 and last and (src == 'schedule' or src == 'foreground')
     and now - last < a.min_interval
   if not active and not throttled then
