@@ -52,9 +52,8 @@ local task = KEYS[1]
 local tag = tag_of(task)
 local key = ssub(task, #tag + 7) -- KEYS[1] is <tag>:task:<key>
 local lease_key, hist = tag .. ':lease:' .. key, tag .. ':history:' .. key
-local queue = queue_of(tag)
-local events = tag .. ':events'
-local watch, paused_key = tag .. ':watch', tag .. ':paused'
+local part = part_of(tag)
+local queue, events, watch, paused_key = part.q, part.events, part.watch, part.paused
 -- A finish that takes an entry may claim it: then it needs the paused
 -- scopes too, asked with the watch key in one EXISTS (watch_and_paused).
 local n = small_num(ARGV[13]) or 0
@@ -62,7 +61,11 @@ local watched, paused = nil, nil
 if n > 0 then watched, paused = watch_and_paused(watch, paused_key) end
 local pw = {events = events, watch = watch, watched = watched} -- publish's state, shared with the claim of the entry taken
 
-local function finish()
+-- The attempt's end, then (n > 0) the read. Written as one block left with
+-- break rather than as local functions: a closure made per call costs
+-- ~1,500 instructions, and these two ran on every finish.
+local out, now, now_us
+repeat
   local owner, token, run_id, result, cap = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[9]
   -- the record fields every finish reads (the fence, the completed stage's
   -- check and what finish_terminal clears); the holder's claim wrote the
@@ -78,18 +81,18 @@ local function finish()
   -- script, so while the record has this token the lease key, if it
   -- exists, is this grant's: the DEL below tells whether it exists
   -- (instead of a GET of its value first).
-  if v[1] ~= run_id or v[2] ~= token then return {0, ''} end
+  if v[1] ~= run_id or v[2] ~= token then out = {0, ''}; break end
   local r = {runId = v[1], token = v[2], stage = v[3] or nil, stages = v[4] or nil, done = v[5] or nil,
     followUp = v[6] or nil, cancel = v[7] or nil, lastError = v[8] or nil, v = v[10] or nil,
     key = key, entry = ARGV[15], owner = owner, partial = true}
-  local now, now_us = clock()
+  now, now_us = clock()
   local before = nil -- the completed stage's event, appended with the result's
   local upd = nil    -- the completed stage's checkpoint fields, written with the result's
   if ARGV[5] ~= '' then
     local done = small_num(r.done) or 0
     if list_at(r.stages, done + 1) ~= ARGV[5] then
-      if rcall('GET', lease_key) ~= lease_value(token, owner) then return {0, ''} end
-      return {-1, ''}
+      if rcall('GET', lease_key) ~= lease_value(token, owner) then out = {0, ''} else out = {-1, ''} end
+      break
     end
     upd = {'done', int_str(done + 1)}
     if v[9] and v[9] ~= '' then upd[3], upd[4] = 'cursor', '' end
@@ -100,7 +103,7 @@ local function finish()
     end
     before = hist_ev(now, 'stage', run_id, '', ARGV[5], 'done', owner, token)
   end
-  if rcall('DEL', lease_key) == 0 then return {0, ''} end -- expired: not held
+  if rcall('DEL', lease_key) == 0 then out = {0, ''}; break end -- expired: not held
   local attempt, max_attempts = 1, 1
   if result == 'retry' or result == 'handback' then
     ft_read(task, {'attempt', 'maxAttempts', 'sources'}, r)
@@ -117,7 +120,7 @@ local function finish()
     ack_entry(queue, r.entry)
     rcall('HSET', task, unpk(with_fields({'status', 'retrying', 'nextAttemptAt', due, 'lastError', ARGV[6],
       'entry', '', 'updatedAt', now, 'v', ''}, upd)))
-    rcall('ZADD', tag .. ':retry', due, run_id .. ' ' .. r.key)
+    rcall('ZADD', part.retry, due, run_id .. ' ' .. r.key)
     hist_push_after(hist, cap, before, hist_err(now, 'retry-scheduled', run_id, r.stage,
       'attempt ' .. attempt .. ' of ' .. max_attempts, owner, token, ARGV[6]))
   elseif result == 'handback' then
@@ -141,31 +144,29 @@ local function finish()
       before)
   end
   publish(pw, task)
-  if result == 'retry' then return {1, 'retrying'}, now, now_us end
-  if result == 'handback' then return {1, 'queued'}, now, now_us end
-  if r.followUp == '1' then return {1, 'queued'}, now, now_us end
-  return {1, result}, now, now_us
-end
-
--- claim_taken claims the one entry the call took (out[3]) when it is a run
--- of this job, appending the claim's reply.
-local function claim_taken(out, now, now_us)
-  local e = out[3]
-  local run_id, next_key, scope, source = entry_parts(e)
-  if not run_id then return end -- not tasklease's: the caller drops it
-  local bar = sfind(key, '|', 1, true)
-  if scope ~= ssub(key, bar + 1) then
-    return -- another job: the caller claims it with that job's definition
+  if result == 'retry' then
+    out = {1, 'retrying'}
+  elseif result == 'handback' or r.followUp == '1' then
+    out = {1, 'queued'}
+  else
+    out = {1, result}
   end
-  local c = {owner = ARGV[1], cap = ARGV[9], events = events, watch = watch, watched = pw.watched, retention = ARGV[10], q = queue,
-    parked = tag .. ':parked', paused = paused, now = now, now_us = now_us}
-  out[4] = claim_in_slot(c, tag, e, run_id, next_key, source, ARGV[16], '', ARGV[11], ARGV[12])
-end
+until true
 
-local out, now, now_us = finish()
 if n > 0 then
   if not now then now, now_us = clock() end
   read_lanes(out, queue, ARGV[14] == 'b' and 'b' or 'p', n, now + conf_num(ARGV[8]))
-  if n == 1 and #out == 3 then claim_taken(out, now, now_us) end
+  -- The one entry taken is claimed here when it is a run of this job
+  -- (entry_parts: nil for an entry that is not tasklease's, which the
+  -- caller drops; another job's the caller claims with its definition).
+  if n == 1 and #out == 3 then
+    local e = out[3]
+    local run_id, next_key, scope, source = entry_parts(e)
+    if run_id and scope == ssub(key, sfind(key, '|', 1, true) + 1) then
+      local c = {owner = ARGV[1], cap = ARGV[9], events = events, watch = watch, watched = pw.watched,
+        retention = ARGV[10], q = queue, parked = part.parked, paused = paused, now = now, now_us = now_us}
+      out[4] = claim_in_slot(c, tag, e, run_id, next_key, source, ARGV[16], '', ARGV[11], ARGV[12])
+    end
+  end
 end
 return out

@@ -23,7 +23,8 @@
 local n = small_num(ARGV[1])
 local now, now_us = clock()
 local tag = tag_of(KEYS[1])
-local q = queue_of(tag)
+local part = part_of(tag)
+local q = part.q
 local taken = read_lanes({}, q, ARGV[2], n, now + conf_num(ARGV[3]))
 if #taken == 0 then return taken end
 local defs = {}
@@ -32,12 +33,13 @@ for _ = 1, small_num(ARGV[7]) do
   defs[ARGV[j]] = j
   j = j + 4
 end
-local watch = tag .. ':watch'
-local watched, paused = watch_and_paused(watch, tag .. ':paused')
-local c = {owner = ARGV[4], cap = ARGV[5], events = tag .. ':events', watch = watch, watched = watched, retention = ARGV[6],
-  q = q, parked = tag .. ':parked', paused = paused, now = now, now_us = now_us}
+local watch = part.watch
+local watched, paused = watch_and_paused(watch, part.paused)
+local c = {owner = ARGV[4], cap = ARGV[5], events = part.events, watch = watch, watched = watched, retention = ARGV[6],
+  q = q, parked = part.parked, paused = paused, now = now, now_us = now_us}
 local out = {}
-for _, e in ipairs(taken) do
+for i = 1, #taken do
+  local e = taken[i]
   out[#out + 1] = e
   local run_id, key, scope, source = entry_parts(e)
   if run_id then -- tasklease's entry (the caller drops others)

@@ -62,7 +62,8 @@ for i = 1, #KEYS / kr do
     local part = parts[tag]
     if not part then
       -- (the retry queue and cancel channel only a replace needs are named there)
-      part = {q = queue_of(tag), index = tag .. ':index', events = tag .. ':events', watch = tag .. ':watch'}
+      local names = part_of(tag) -- publish's state (watched) is this call's: a table of its own
+      part = {q = names.q, index = names.index, events = names.events, watch = names.watch}
       parts[tag] = part
     end
     local key = ssub(task, #tag + 7)

@@ -15,11 +15,15 @@
 -- for an upvalue, and a run makes a few hundred. They cannot be bound when
 -- the library loads: its loading environment has neither the string
 -- library nor redis.call.
+-- In the Functions library the upvalues outlive the call, so a call after
+-- the first finds them bound and returns at once; a script run by EVAL
+-- defines them afresh each time.
 -- has_lmpop: Redis 7's LMPOP pops from the first non-empty of several
 -- lists in one call (read_lanes); Redis 6 and the embedded Redis have none.
-local rcall, ssub, sfind, sbyte, tonum, unpk, has_lmpop
+local rcall, ssub, sfind, sbyte, tonum, unpk, ltype, has_lmpop
 local function bind()
-  rcall, ssub, sfind, sbyte, tonum, unpk = redis.call, string.sub, string.find, string.byte, tonumber, unpack
+  if rcall then return end
+  rcall, ssub, sfind, sbyte, tonum, unpk, ltype = redis.call, string.sub, string.find, string.byte, tonumber, unpack, type
   has_lmpop = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
 end
 
@@ -44,7 +48,7 @@ end
 -- tok_str formats a fencing token (or any integer number) for Redis: Lua's
 -- tostring gives "1.7e+15" for microsecond tokens.
 local function tok_str(n)
-  if type(n) == 'string' then return n end
+  if ltype(n) == 'string' then return n end
   return string.format('%.0f', n)
 end
 

@@ -12,7 +12,7 @@ local US = '\31'
 -- reads as empty); token is a string or a number. Positional, not a table:
 -- a table per event cost more than the concatenation.
 local function hist_ev(now, event, run_id, source, stage, outcome, owner, token)
-  if token and type(token) ~= 'string' then token = tok_str(token) end
+  if token and ltype(token) ~= 'string' then token = tok_str(token) end
   return now .. US .. event .. US .. (run_id or '') .. US .. (source or '') .. US .. (stage or '') .. US ..
     (outcome or '') .. US .. (owner or '') .. US .. (token or '') .. US
 end

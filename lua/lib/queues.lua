@@ -35,6 +35,26 @@ local function queue_of(tag)
   return {b = tag .. ':q:b', p = tag .. ':q:p', bell = tag .. ':bell', taken = tag .. ':taken'}
 end
 
+-- PARTS caches, by partition hash tag, the names of the partition's keys
+-- that calls derive: q (queue_of), index, events (channel), watch,
+-- paused, parked, retry. They are the same strings on every call; in the
+-- Functions library they are made once per load instead of once per call
+-- (each name a concatenation of ~800 instructions, the lanes' table
+-- ~1,500). A deployment's partitions are few (keyspace.Space), so the
+-- cache stays small. Read only: a call keeps its own state elsewhere.
+local PARTS = {}
+
+-- part_of is PARTS' entry for tag.
+local function part_of(tag)
+  local p = PARTS[tag]
+  if not p then
+    p = {q = queue_of(tag), index = tag .. ':index', events = tag .. ':events', watch = tag .. ':watch',
+      paused = tag .. ':paused', parked = tag .. ':parked', retry = tag .. ':retry'}
+    PARTS[tag] = p
+  end
+  return p
+end
+
 -- ring wakes one idle runner of the partition (one token at most).
 local function ring(q)
   if rcall('LLEN', q.bell) == 0 then rcall('RPUSH', q.bell, '1') end

@@ -275,7 +275,7 @@ local function submit_one(a, vals)
       put('v', '')
       rcall('HSET', task, unpk(set))
       set = {}
-      rcall('ZREM', a.tag .. ':retry', cur .. ' ' .. a.key)
+      rcall('ZREM', part_of(a.tag).retry, cur .. ' ' .. a.key)
       finish_terminal({task = task, q = a.q, hist = hist, cap = a.cap,
         retention = a.retention, next_run_id = a.run_id, stages = a.stages,
         max_attempts = a.max_attempts, now = now, links_from = a.links_next, links_to = a.links_new}, 'cancelled', 'replaced')
