@@ -40,9 +40,8 @@ func (r *Runner) finish(job *Job, e entry, lease leasing.Lease, result, complete
 	// The script derives the run's lease and history and the partition's
 	// keys from the record's name.
 	fin := &scriptCall{script: r.reg.scripts.finish, keys: []string{ks.Task(k)},
-		args: []any{lease.Owner, lease.Token, runID, result, completed, errText, delay.Milliseconds(), r.reclaimIdle.Milliseconds(),
-			r.reg.histCap, r.reg.retention.Milliseconds(), r.reg.stagesCSV[job.Scope], job.Retry.MaxAttempts,
-			read, first.Letter(), entryID, r.leaseTTL(job.Scope).Milliseconds()}}
+		args: []any{r.finishConf[job.Scope], lease.Token, runID, result, completed, errText, delay.Milliseconds(),
+			read, first.Letter(), entryID}}
 	if r.reg.tracer != nil {
 		// the follow-up's id names its trace links; untraced, the script derives it
 		followUp := newRunID()

@@ -126,9 +126,11 @@ type Runner struct {
 	// re-examined by claim; the shortest lease TTL of any job, so no
 	// expired lease waits for longer.
 	reclaimIdle time.Duration
-	// jobDefs: the jobs this runner defines as every read passes them
-	// (jobDefsArgs), built once.
-	jobDefs  []any
+	// readConf and finishConf (by scope) are what is constant about this
+	// runner in every read_next.lua and finish.lua call, as the one
+	// argument those take for it (lua/lib/base.lua conf_fields), built once.
+	readConf   string
+	finishConf map[string]string
 	log      *slog.Logger
 	slots    chan struct{}
 	presence *presence // this runner's record in the runner registry
@@ -180,7 +182,7 @@ func NewRunner(reg *Registry, cfg RunnerConfig) (*Runner, error) {
 		presence: newPresence(cfg.PresenceInterval, cfg.Version),
 		active:   make(map[string]map[*context.CancelCauseFunc]struct{}),
 	}
-	r.jobDefs = r.jobDefsArgs()
+	r.readConf, r.finishConf = r.confArgs()
 	return r, nil
 }
 

@@ -4,30 +4,31 @@
 -- KEYS[1] task record
 -- KEYS[2], KEYS[3] (only when tracing is on) the key's follow-up trace
 --          links (requests merged into its next run, see submit.lua) and
---          the links of the follow-up run ARGV[17]: a follow-up started here
+--          the links of the follow-up run ARGV[11]: a follow-up started here
 --          takes the first as the second
 -- The run's lease and history, and the partition's keys (retry queue,
 -- watch key, queue keys, paused scopes, parked runs, events channel), are
 -- derived from KEYS[1]'s name "<tag>:task:<key>" (lib/queues.lua tag_of): 1 key
 -- declared instead of 12.
--- ARGV[1] owner   ARGV[2] token   ARGV[3] runId
+-- ARGV[1] what is constant for this runner and job, US-separated
+--          (lib/base.lua conf_fields; jobs.finishConf): owner, reclaim
+--          idle (ms: entries read here become reclaimable that long from
+--          now), history cap, retention (ms), the job's stages here
+--          (comma list) and maxAttempts (the definition a follow-up run
+--          takes), the job's lease TTL (ms, for the claim of the entry taken)
+-- ARGV[2] token   ARGV[3] runId
 -- ARGV[4] result: done | failed | cancelled | retry | handback
 -- ARGV[5] stage completed by this call ("" if none)   ARGV[6] error text
--- ARGV[7] retry delay (ms)   ARGV[8] reclaim idle (ms): entries read here
---          become reclaimable that long from now   ARGV[9] history cap
--- ARGV[10] retention (ms)
--- ARGV[11] the job's stages here (comma list) and ARGV[12] its maxAttempts:
---          the definition a follow-up run takes
+-- ARGV[7] retry delay (ms)
 -- A retry of a run whose cancel flag is set (a cancel or replace that landed
 -- while this attempt was failing) ends it as cancelled at once instead of
 -- waiting out the backoff.
--- ARGV[13] entries to take for the slot this attempt frees (0 or more), from
---          this partition's lanes, ARGV[14] first ('p' people first, 'b'
+-- ARGV[8] entries to take for the slot this attempt frees (0 or more), from
+--          this partition's lanes, ARGV[9] first ('p' people first, 'b'
 --          bulk first): see read_lanes
--- ARGV[15] the run's request entry: what the holder's claim wrote to the
+-- ARGV[10] the run's request entry: what the holder's claim wrote to the
 --          record, passed instead of read
--- ARGV[16] the job's lease TTL (ms), for the claim of the entry taken
--- ARGV[17] (only when tracing is on) the follow-up run id, which names
+-- ARGV[11] (only when tracing is on) the follow-up run id, which names
 --          KEYS[3]; without it a follow-up's id is derived from the ended
 --          run's (lib/claiming.lua claim_ending)
 -- returns {1, status after}   {0, ''} not held   {-1, ''} ARGV[5] is not the
@@ -56,7 +57,9 @@ local part = part_of(tag)
 local queue, events, watch, paused_key = part.q, part.events, part.watch, part.paused
 -- A finish that takes an entry may claim it: then it needs the paused
 -- scopes too, asked with the watch key in one EXISTS (watch_and_paused).
-local n = small_num(ARGV[13]) or 0
+local cf = conf_fields(ARGV[1])
+local owner, idle, cap, retention, def_stages, def_max, ttl = cf[1], cf[2], cf[3], cf[4], cf[5], cf[6], cf[7]
+local n = small_num(ARGV[8]) or 0
 local watched, paused = nil, nil
 if n > 0 then watched, paused = watch_and_paused(watch, paused_key) end
 local pw = {events = events, watch = watch, watched = watched} -- publish's state, shared with the claim of the entry taken
@@ -66,7 +69,7 @@ local pw = {events = events, watch = watch, watched = watched} -- publish's stat
 -- ~1,500 instructions, and these two ran on every finish.
 local out, now, now_us
 repeat
-  local owner, token, run_id, result, cap = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[9]
+  local token, run_id, result = ARGV[2], ARGV[3], ARGV[4]
   -- the record fields every finish reads (the fence, the completed stage's
   -- check and what finish_terminal clears); the holder's claim wrote the
   -- rest of what finish_terminal needs (entry, owner, key), or
@@ -84,7 +87,7 @@ repeat
   if v[1] ~= run_id or v[2] ~= token then out = {0, ''}; break end
   local r = {runId = v[1], token = v[2], stage = v[3] or nil, stages = v[4] or nil, done = v[5] or nil,
     followUp = v[6] or nil, cancel = v[7] or nil, lastError = v[8] or nil, v = v[10] or nil,
-    key = key, entry = ARGV[15], owner = owner, partial = true}
+    key = key, entry = ARGV[10], owner = owner, partial = true}
   now, now_us = clock()
   local before = nil -- the completed stage's event, appended with the result's
   local upd = nil    -- the completed stage's checkpoint fields, written with the result's
@@ -136,11 +139,11 @@ repeat
       'updatedAt', now, 'v', ''}, upd)))
     hist_push_after(hist, cap, before, hist_ev(now, 'handed-back', run_id, '', r.stage, '', owner, token))
   else
-    local next_run_id = ARGV[17] -- nil (untraced): derived if a follow-up starts
+    local next_run_id = ARGV[11] -- nil (untraced): derived if a follow-up starts
     if next_run_id == '' then next_run_id = nil end
     finish_terminal({task = task, q = queue, hist = hist, cap = cap,
-      retention = ARGV[10], next_run_id = next_run_id, stages = ARGV[11],
-      max_attempts = ARGV[12], now = now, extra = upd, links_from = KEYS[2], links_to = KEYS[3]}, result, ARGV[6], r,
+      retention = retention, next_run_id = next_run_id, stages = def_stages,
+      max_attempts = def_max, now = now, extra = upd, links_from = KEYS[2], links_to = KEYS[3]}, result, ARGV[6], r,
       before)
   end
   publish(pw, task)
@@ -155,7 +158,7 @@ until true
 
 if n > 0 then
   if not now then now, now_us = clock() end
-  read_lanes(out, queue, ARGV[14] == 'b' and 'b' or 'p', n, now + conf_num(ARGV[8]))
+  read_lanes(out, queue, ARGV[9] == 'b' and 'b' or 'p', n, now + conf_num(idle))
   -- The one entry taken is claimed here when it is a run of this job
   -- (entry_parts: nil for an entry that is not tasklease's, which the
   -- caller drops; another job's the caller claims with its definition).
@@ -163,9 +166,9 @@ if n > 0 then
     local e = out[3]
     local run_id, next_key, scope, source = entry_parts(e)
     if run_id and scope == ssub(key, sfind(key, '|', 1, true) + 1) then
-      local c = {owner = ARGV[1], cap = ARGV[9], events = events, watch = watch, watched = pw.watched,
-        retention = ARGV[10], q = queue, parked = part.parked, paused = paused, now = now, now_us = now_us}
-      out[4] = claim_in_slot(c, tag, e, run_id, next_key, source, ARGV[16], '', ARGV[11], ARGV[12])
+      local c = {owner = owner, cap = cap, events = events, watch = watch, watched = pw.watched,
+        retention = retention, q = queue, parked = part.parked, paused = paused, now = now, now_us = now_us}
+      out[4] = claim_in_slot(c, tag, e, run_id, next_key, source, ttl, '', def_stages, def_max)
     end
   end
 end

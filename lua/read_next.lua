@@ -11,10 +11,11 @@
 --         runs, events channel) and the entries' keys, all in its slot
 --         (declared, they cost 7 arguments more: ~900 instructions each)
 -- ARGV[1] n   ARGV[2] the preferred lane's letter ('p' or 'b')
--- ARGV[3] reclaim idle (ms): the entries become reclaimable that long from now
--- ARGV[4] owner   ARGV[5] history cap   ARGV[6] retention (ms)
--- ARGV[7] J, the number of jobs this runner defines, then per job 4
---   arguments: scope, stages (comma list), maxAttempts, lease TTL (ms)
+-- ARGV[3] what is constant for this runner, US-separated (lib/base.lua
+--   conf_fields; jobs.readConf): owner, reclaim idle (ms: the entries
+--   become reclaimable that long from now), history cap, retention (ms),
+--   J, the number of jobs this runner defines, then per job 4 fields:
+--   scope, stages (comma list), maxAttempts, lease TTL (ms)
 -- (A claim that ends a run with a queued follow-up derives the follow-up's
 -- run id: lib/claiming.lua claim_ending.)
 -- returns the entries taken, in order, each followed by its claim reply
@@ -25,17 +26,24 @@ local now, now_us = clock()
 local tag = tag_of(KEYS[1])
 local part = part_of(tag)
 local q = part.q
-local taken = read_lanes({}, q, ARGV[2], n, now + conf_num(ARGV[3]))
+local cf = conf_fields(ARGV[3])
+local taken = read_lanes({}, q, ARGV[2], n, now + conf_num(cf[2]))
 if #taken == 0 then return taken end
-local defs = {}
-local j = 8
-for _ = 1, small_num(ARGV[7]) do
-  defs[ARGV[j]] = j
-  j = j + 4
+-- the jobs' definitions by scope (the index of its first field), made once
+-- per configuration value and kept on it
+local defs = cf.defs
+if not defs then
+  defs = {}
+  local j = 6
+  for _ = 1, small_num(cf[5]) do
+    defs[cf[j]] = j
+    j = j + 4
+  end
+  cf.defs = defs
 end
 local watch = part.watch
 local watched, paused = watch_and_paused(watch, part.paused)
-local c = {owner = ARGV[4], cap = ARGV[5], events = part.events, watch = watch, watched = watched, retention = ARGV[6],
+local c = {owner = cf[1], cap = cf[3], events = part.events, watch = watch, watched = watched, retention = cf[4],
   q = q, parked = part.parked, paused = paused, now = now, now_us = now_us}
 local out = {}
 for i = 1, #taken do
@@ -45,7 +53,7 @@ for i = 1, #taken do
   if run_id then -- tasklease's entry (the caller drops others)
     local d = defs[scope]
     local stages, max_attempts, ttl = '', '1', '0'
-    if d then stages, max_attempts, ttl = ARGV[d + 1], ARGV[d + 2], ARGV[d + 3] end
+    if d then stages, max_attempts, ttl = cf[d + 1], cf[d + 2], cf[d + 3] end
     out[#out + 1] = claim_in_slot(c, tag, e, run_id, key, source, ttl, '', stages, max_attempts)
   end
 end

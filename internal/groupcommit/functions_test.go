@@ -35,7 +35,7 @@ func heartbeat(t *testing.T) (*redis.Script, []string, []any) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return s, []string{"{t}:b", "{t}:p", "{t}:bell", "{t}:taken"}, []any{1, "p", 1000}
+	return s, []string{"{t}:b", "{t}:p", "{t}:bell", "{t}:taken"}, []any{1, "p", "owner\x1f1000\x1f10\x1f0\x1f0"}
 }
 
 // On Redis 7 script calls go out as FCALL of the loaded library, and a
