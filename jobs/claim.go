@@ -153,27 +153,47 @@ func (r *Runner) decodeClaim(v any, e entry, sent time.Time) (claimResult, error
 	if len(one) == 0 {
 		return claimResult{}, fmt.Errorf("claim: unexpected reply %v", v)
 	}
+	if s := replyString(one[0]); len(one) == 1 && strings.HasPrefix(s, string(claimGranted)+histSep) {
+		return r.decodeGrant(s, e, sent)
+	}
 	c := claimResult{kind: claimKind(replyString(one[0])), sent: sent, ttl: r.leaseTTL(e.key.Scope())}
 	switch c.kind {
-	case claimGranted:
-		if len(one) < 9 {
-			return claimResult{}, fmt.Errorf("claim: unexpected reply %v", one)
-		}
-		c.token = toInt(one[1])
-		c.done = int(toInt(one[2]))
-		if s := replyString(one[3]); s != "" {
-			c.cursor = []byte(s)
-		}
-		c.attempt = int(toInt(one[4]))
-		c.stages = splitList(replyString(one[5]))
-		for _, s := range splitList(replyString(one[6])) {
-			c.sources = append(c.sources, Source(s))
-		}
-		c.prevStatus = Status(replyString(one[8]))
+	case claimGranted: // a grant is one string (decodeGrant); anything else is not one
+		return claimResult{}, fmt.Errorf("claim: unexpected reply %v", v)
 	case claimForeign:
 		if len(one) > 1 {
 			c.missing = replyString(one[1])
 		}
+	}
+	return c, nil
+}
+
+// decodeGrant decodes a grant, which claim.lua sends as one string (in a
+// table, as every claim reply):
+// "granted", token, done, attempt, stages, sources, startedAt, the status
+// before and the cursor (last: it may hold any byte), separated by histSep.
+func (r *Runner) decodeGrant(s string, e entry, sent time.Time) (claimResult, error) {
+	f := strings.SplitN(s, histSep, 9)
+	if len(f) != 9 || claimKind(f[0]) != claimGranted {
+		return claimResult{}, fmt.Errorf("claim: unexpected reply %q", s)
+	}
+	c := claimResult{kind: claimGranted, sent: sent, ttl: r.leaseTTL(e.key.Scope()), prevStatus: Status(f[7])}
+	var err error
+	if c.token, err = strconv.ParseInt(f[1], 10, 64); err != nil {
+		return claimResult{}, fmt.Errorf("claim: token %q: %w", f[1], err)
+	}
+	if c.done, err = strconv.Atoi(f[2]); err != nil {
+		return claimResult{}, fmt.Errorf("claim: done %q: %w", f[2], err)
+	}
+	if c.attempt, err = strconv.Atoi(f[3]); err != nil {
+		return claimResult{}, fmt.Errorf("claim: attempt %q: %w", f[3], err)
+	}
+	c.stages = splitList(f[4])
+	for _, src := range splitList(f[5]) {
+		c.sources = append(c.sources, Source(src))
+	}
+	if f[8] != "" {
+		c.cursor = []byte(f[8])
 	}
 	return c, nil
 }

@@ -21,7 +21,13 @@
 --                              define: reclaimable at once by a runner that does
 --   {'paused'}                 the run's scope is paused: the entry is acknowledged
 --                              and the run parked until resume.lua re-queues it
---   {'granted', token, done, cursor, attempt, stages, sources, startedAt, prevStatus}
+--   {"granted US token US done US attempt US stages US sources US startedAt
+--   US prevStatus US cursor"}  the lease is ours: the fields as one string
+--                              (each element of a reply costs Redis ~700
+--                              instructions), the cursor last as it may hold
+--                              any byte; in a table, as every claim reply is,
+--                              so that a read's reply tells entries (strings)
+--                              from claims
 -- The fencing counter is the record's 'token': a grant takes
 -- max(token + 1, Redis TIME µs) (next_token), so no separate counter key.
 -- Cost of a grant: HMGET of 13 fields (CLAIM_READ; a retry's due time

@@ -169,7 +169,9 @@ local function claim_entry(c, task, lease_key, hist, lane, entry_id, run_id, sou
   hist_push(hist, c.cap, hist_ev(now, status == 'running' and 'recovered' or 'started', run_id, source, stage, outcome,
     owner, token))
   publish(c, task)
-  return {'granted', token, done, cursor, attempt_now, rec[8], sources, started, status}
+  -- one string in a table (claim.lua's contract), the cursor last
+  return {'granted' .. US .. token .. US .. int_str(done) .. US .. int_str(attempt_now) .. US .. (rec[8] or '') .. US ..
+    sources .. US .. started .. US .. status .. US .. cursor}
 end
 
 -- claim_in_slot claims entry e (its parts from entry_parts) with
