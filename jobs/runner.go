@@ -131,9 +131,9 @@ type Runner struct {
 	// argument those take for it (lua/lib/base.lua conf_fields), built once.
 	readConf   string
 	finishConf map[string]string
-	log      *slog.Logger
-	slots    chan struct{}
-	presence *presence // this runner's record in the runner registry
+	log        *slog.Logger
+	slots      chan struct{}
+	presence   *presence // this runner's record in the runner registry
 
 	workCtx    context.Context // runs; cancelled with ErrShutdown after the grace
 	workCancel context.CancelCauseFunc
