@@ -505,3 +505,35 @@ func TestHistoryReadRacingAFoldKeepsCounts(t *testing.T) {
 		t.Fatalf("the next run did not start during the read: %+v %v", v, err)
 	}
 }
+
+// Repeats are counted in a decimal string bumped in place (lib/history.lua
+// repeat_count): the count must carry through 9, 19, 99 and 109, in the
+// embedded Redis's Lua and in a Redis 7 Functions library alike.
+func TestRepeatCountCarries(t *testing.T) {
+	for _, backend := range []string{"miniredis", "redis-server"} {
+		t.Run(backend, func(t *testing.T) {
+			var rdb *redis.Client
+			if backend == "miniredis" {
+				rdb = redistest.StartMini(t).Client(t)
+			} else {
+				rdb = redistest.StartServer(t).Client(t)
+			}
+			e := newEnv(t, rdb, Config{Prefix: "hs-count", Jobs: []Job{clJob(hsScope, Stage{Name: "only", Handler: &counter{}})}})
+			first := clSubmit(t, e.reg, "u1", hsScope, SourceForeground, "")
+			const repeats = 121
+			for range repeats {
+				clSubmit(t, e.reg, "u1", hsScope, SourceSchedule, "")
+			}
+			var joined *Event
+			evs := clHistory(t, e.reg, "u1", hsScope)
+			for i := range evs {
+				if evs[i].Event == "joined" && evs[i].RunID == first.Task.RunID {
+					joined = &evs[i]
+				}
+			}
+			if joined == nil || joined.Count != repeats {
+				t.Fatalf("the run's schedule joins: %+v, want one event with count %d (%q)", joined, repeats, hsKinds(evs))
+			}
+		})
+	}
+}
