@@ -4,6 +4,7 @@ import (
 	"context"
 	"io/fs"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -182,6 +183,54 @@ func TestScriptsCompile(t *testing.T) {
 				}
 				if sha != s.Hash() {
 					t.Errorf("SCRIPT LOAD %s: sha %s, want %s", name, sha, s.Hash())
+				}
+			}
+		})
+	}
+}
+
+// TestNextTokenFollowsCounterOrClock: a grant's token is max(counter + 1,
+// Redis TIME in µs) (lib/base.lua next_token, which compares the two as
+// decimal strings and converts only when the counter is ahead).
+func TestNextTokenFollowsCounterOrClock(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			acquire := MustScript("lease_acquire")
+			nowUS := func() int64 {
+				tm, err := b.Client.Time(ctx).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				return tm.UnixMicro()
+			}
+			for i, tc := range []struct {
+				name    string
+				counter func(now int64) string
+				ahead   bool // the token is counter + 1, else the clock's
+			}{
+				{"counter ahead of the clock", func(now int64) string { return strconv.FormatInt(now+10_000_000_000, 10) }, true},
+				{"counter far ahead", func(int64) string { return "9000000000000000" }, true},
+				{"counter behind, as long", func(now int64) string { return strconv.FormatInt(now-1_000_000, 10) }, false},
+				{"counter behind, shorter", func(int64) string { return "5" }, false},
+			} {
+				lease, fence := "{nt}:lease:"+strconv.Itoa(i), "{nt}:fence:"+strconv.Itoa(i)
+				now := nowUS()
+				counter := tc.counter(now)
+				if err := b.Client.Set(ctx, fence, counter, 0).Err(); err != nil {
+					t.Fatal(err)
+				}
+				res, err := acquire.Run(ctx, b.Client, []string{lease, fence}, "o", 10_000, 60_000).Slice()
+				if err != nil || len(res) != 2 || res[0] != int64(1) {
+					t.Fatalf("%s: acquire = %v, %v", tc.name, res, err)
+				}
+				token := res[1].(int64)
+				c, _ := strconv.ParseInt(counter, 10, 64)
+				if tc.ahead && token != c+1 {
+					t.Errorf("%s: token %d, want the counter's next %d", tc.name, token, c+1)
+				}
+				if !tc.ahead && (token < now || token <= c) {
+					t.Errorf("%s: token %d, want the clock's (≥ %d, above %d)", tc.name, token, now, c)
 				}
 			}
 		})
