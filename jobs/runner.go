@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
 
 	"github.com/tasklease/tasklease/leasing"
 )
@@ -81,8 +82,11 @@ func (c *RunnerConfig) normalize() error {
 		}
 		c.ID = h
 	}
-	if strings.ContainsAny(c.ID, " |") || len(c.ID) > 100 {
-		return fmt.Errorf("%w: runner id %q: no spaces or '|', at most 100 bytes", ErrConfig, c.ID)
+	// The id is part of the lease owner, which lease values ('|'), history
+	// events and the scripts' configuration argument (control characters
+	// US and RS) carry as a field.
+	if strings.ContainsAny(c.ID, " |") || strings.ContainsFunc(c.ID, unicode.IsControl) || len(c.ID) > 100 {
+		return fmt.Errorf("%w: runner id %q: no spaces, '|' or control characters, at most 100 bytes", ErrConfig, c.ID)
 	}
 	def := func(d *time.Duration, v time.Duration) {
 		if *d == 0 {
