@@ -169,7 +169,8 @@ func NewRegistry(rdb redis.UniversalClient, cfg Config) (*Registry, error) {
 	if cfg.TracerProvider != nil {
 		r.tracer = cfg.TracerProvider.Tracer(tracerName)
 	}
-	r.submits = groupcommit.NewCombiner(submitsInFlight, submitBatchMax, r.flushSubmits)
+	r.submits = groupcommit.NewCombiner(groupcommit.CombinerConfig{
+		MaxInFlight: submitsInFlight, MaxBatch: submitBatchMax, Balanced: true}, r.flushSubmits)
 	for i := range cfg.Jobs {
 		j := cfg.Jobs[i] // copy: defaults must not leak into the caller's slice
 		j.Stages = slices.Clone(j.Stages)

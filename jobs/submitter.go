@@ -12,7 +12,10 @@ import (
 // Concurrent Submits of one Registry are combined: those waiting while
 // earlier ones are in flight go to Redis together, one submit.lua call per
 // partition (up to submitChunk requests each), all in one round trip. A
-// Submit on an idle registry is sent at once.
+// Submit on an idle registry is sent at once; beside a flush in flight,
+// another starts only with as many requests (groupcommit.CombinerConfig's
+// Balanced: small calls beside big ones cost Redis a call's fixed cost for
+// a few requests).
 const (
 	submitsInFlight = 2   // combined flushes in flight at once
 	submitBatchMax  = 512 // requests per flush

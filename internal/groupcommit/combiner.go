@@ -14,10 +14,12 @@ type Combiner[T any] struct {
 	flush       func([]T) // completes every item it is given
 	maxInFlight int
 	maxBatch    int
+	balanced    bool
 
 	mu       sync.Mutex
 	pending  []*waiting[T]
-	inFlight int
+	inFlight int // running loops: flushing, or about to take a batch
+	flying   int // items of the batches being flushed
 }
 
 type waiting[T any] struct {
@@ -25,10 +27,30 @@ type waiting[T any] struct {
 	done chan struct{}
 }
 
-// NewCombiner returns a Combiner calling flush with up to maxBatch items,
-// at most maxInFlight flushes at once (both at least 1).
-func NewCombiner[T any](maxInFlight, maxBatch int, flush func([]T)) *Combiner[T] {
-	return &Combiner[T]{flush: flush, maxInFlight: max(1, maxInFlight), maxBatch: max(1, maxBatch)}
+// CombinerConfig configures a Combiner.
+type CombinerConfig struct {
+	// MaxInFlight flushes run at once (at least 1).
+	MaxInFlight int
+	// MaxBatch items go to one flush (at least 1).
+	MaxBatch int
+	// Balanced: while a flush runs, another one starts only when it carries
+	// at least as many items as the flushes already running. Without it a
+	// second flush starts with whatever is pending, often one item: where a
+	// flush is one script call for all its items (the engine's submits),
+	// those small calls each pay the call's fixed cost, and Redis spends
+	// its time on them. Measured with 50 concurrent submitters (bench/,
+	// submit_hot), a quarter of the calls carried one request; balanced,
+	// requests per second rose 10–15 % and new keys' Redis CPU per request
+	// fell 5 %. Not for calls of different kinds whose latency matters on
+	// their own (Client's pipelines: a runner's finishes and reads were
+	// slower so). An idle Combiner still flushes at once.
+	Balanced bool
+}
+
+// NewCombiner returns a Combiner calling flush with batches as cfg says.
+func NewCombiner[T any](cfg CombinerConfig, flush func([]T)) *Combiner[T] {
+	return &Combiner[T]{flush: flush, maxInFlight: max(1, cfg.MaxInFlight), maxBatch: max(1, cfg.MaxBatch),
+		balanced: cfg.Balanced}
 }
 
 // Add queues item and returns once a flush has completed it, or when ctx
@@ -41,7 +63,7 @@ func (c *Combiner[T]) Add(ctx context.Context, item T) error {
 	w := &waiting[T]{item: item, done: make(chan struct{})}
 	c.mu.Lock()
 	c.pending = append(c.pending, w)
-	if c.inFlight < c.maxInFlight {
+	if c.inFlight == 0 || (c.inFlight < c.maxInFlight && c.worthAnother()) {
 		c.inFlight++
 		go c.loop()
 	}
@@ -54,11 +76,20 @@ func (c *Combiner[T]) Add(ctx context.Context, item T) error {
 	}
 }
 
-// loop flushes pending items until there are none, then exits.
+// worthAnother reports whether the pending items are worth a flush beside
+// the ones running (see CombinerConfig.Balanced). c.mu is held.
+func (c *Combiner[T]) worthAnother() bool {
+	return !c.balanced || len(c.pending) >= c.flying
+}
+
+// loop flushes pending items until there are none — or, balanced, too few
+// of them to go beside the running flushes — then exits. Items are never
+// left without a loop: too few means fewer than the items being flushed,
+// so another loop is flushing, and it looks again when it is done.
 func (c *Combiner[T]) loop() {
 	for {
 		c.mu.Lock()
-		if len(c.pending) == 0 {
+		if len(c.pending) == 0 || !c.worthAnother() {
 			c.inFlight--
 			c.mu.Unlock()
 			return
@@ -68,12 +99,16 @@ func (c *Combiner[T]) loop() {
 		copy(batch, c.pending)
 		clear(c.pending[:n])
 		c.pending = c.pending[n:]
+		c.flying += n
 		c.mu.Unlock()
 		items := make([]T, n)
 		for i, w := range batch {
 			items[i] = w.item
 		}
 		c.flush(items)
+		c.mu.Lock()
+		c.flying -= n
+		c.mu.Unlock()
 		for _, w := range batch {
 			close(w.done)
 		}

@@ -74,7 +74,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Client, error) {
 	if cfg.Library != nil {
 		c.fns = &functions{lib: cfg.Library}
 	}
-	c.groups = NewCombiner(cfg.MaxInFlight, cfg.MaxBatch, c.flush)
+	c.groups = NewCombiner(CombinerConfig{MaxInFlight: cfg.MaxInFlight, MaxBatch: cfg.MaxBatch}, c.flush)
 	return c, nil
 }
 
