@@ -302,6 +302,9 @@ func FromFields(vals []any) (*Checkpoint, error) {
 func LatestMillis(stamps ...string) string {
 	best, bestMs := "", int64(0)
 	for _, s := range stamps {
+		if s == "" {
+			continue // absent: strconv's error would be an allocation per view
+		}
 		if ms, err := strconv.ParseInt(s, 10, 64); err == nil && ms > bestMs {
 			best, bestMs = s, ms
 		}
