@@ -11,27 +11,33 @@ import (
 )
 
 // heldFlushes is a flush function whose calls report their batch on
-// started and return only when released.
+// started and return only when the test ends that very flush.
 type heldFlushes struct {
-	started chan []string
-	release chan struct{} // one receive per flush
+	started chan *held
 }
 
-func newHeldFlushes() *heldFlushes {
-	return &heldFlushes{started: make(chan []string, 16), release: make(chan struct{})}
+// held is one flush in progress: its batch, and end to let it return.
+type held struct {
+	items []string
+	end   chan struct{}
 }
+
+func (f *held) String() string { return fmt.Sprint(f.items) }
+
+func newHeldFlushes() *heldFlushes { return &heldFlushes{started: make(chan *held, 16)} }
 
 func (h *heldFlushes) flush(items []string) {
-	h.started <- items
-	<-h.release
+	f := &held{items: items, end: make(chan struct{})}
+	h.started <- f
+	<-f.end
 }
 
-// next waits for the next flush to start and returns its batch.
-func (h *heldFlushes) next(t *testing.T) []string {
+// next waits for the next flush to start.
+func (h *heldFlushes) next(t *testing.T) *held {
 	t.Helper()
 	select {
-	case b := <-h.started:
-		return b
+	case f := <-h.started:
+		return f
 	case <-time.After(10 * time.Second):
 		t.Fatal("no flush started")
 		return nil
@@ -42,8 +48,8 @@ func (h *heldFlushes) next(t *testing.T) []string {
 func (h *heldFlushes) none(t *testing.T, why string) {
 	t.Helper()
 	select {
-	case b := <-h.started:
-		t.Fatalf("flush %v started: %s", b, why)
+	case f := <-h.started:
+		t.Fatalf("flush %v started: %s", f, why)
 	default:
 	}
 }
@@ -81,42 +87,47 @@ func TestBalancedFlushWaitsForAnEvenShare(t *testing.T) {
 			// Idle: A is flushed at once. B is as many items as the running
 			// flush (one): it goes beside it.
 			addAll(t, c, "A")
-			if b := h.next(t); fmt.Sprint(b) != "[A]" {
-				t.Fatalf("first flush %v, want [A]", b)
+			a := h.next(t)
+			if a.String() != "[A]" {
+				t.Fatalf("first flush %v, want [A]", a)
 			}
 			addAll(t, c, "B")
-			if b := h.next(t); fmt.Sprint(b) != "[B]" {
+			b := h.next(t)
+			if b.String() != "[B]" {
 				t.Fatalf("second flush %v, want [B] beside [A]", b)
 			}
 			// Both slots busy: C, D, E wait, and go together when [A] ends.
 			cde := addAll(t, c, "C", "D", "E")
 			waitQueued(t, c, 3)
-			h.release <- struct{}{} // [A] ends
-			if b := h.next(t); len(b) != 3 {
-				t.Fatalf("after [A]: flush %v, want C, D and E together", b)
+			close(a.end)
+			three := h.next(t)
+			if len(three.items) != 3 {
+				t.Fatalf("after [A]: flush %v, want C, D and E together", three)
 			}
 			// F is pending while [B] and [C D E] run; [B] ends.
 			f := addAll(t, c, "F")
 			waitQueued(t, c, 1)
-			h.release <- struct{}{} // [B] ends
+			close(b.end)
 			if balanced {
 				// One item beside three: F waits for [C D E] to end.
 				waitLoops(t, c, 1)
 				h.none(t, "one item beside a running flush of three")
-				h.release <- struct{}{} // [C D E] ends
+				close(three.end)
 				for _, d := range cde {
 					<-d
 				}
-				if b := h.next(t); fmt.Sprint(b) != "[F]" {
-					t.Fatalf("after [C D E]: flush %v, want [F]", b)
+				if last := h.next(t); last.String() != "[F]" {
+					t.Fatalf("after [C D E]: flush %v, want [F]", last)
+				} else {
+					close(last.end)
 				}
-				h.release <- struct{}{}
 			} else {
-				if b := h.next(t); fmt.Sprint(b) != "[F]" {
-					t.Fatalf("after [B]: flush %v, want [F] beside [C D E]", b)
+				last := h.next(t)
+				if last.String() != "[F]" {
+					t.Fatalf("after [B]: flush %v, want [F] beside [C D E]", last)
 				}
-				h.release <- struct{}{}
-				h.release <- struct{}{}
+				close(last.end)
+				close(three.end)
 			}
 			<-f[0]
 		})
