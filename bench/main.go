@@ -92,7 +92,7 @@ var fullSizes = sizes{
 
 var quickSizes = sizes{
 	HotKeys: 50, HotRequests: 10_000, NewRequests: 5_000, E2ERuns: 1_000,
-	PickupSamples: 10, FanoutSubjects: 50_000, Backlog: 5_000, BacklogManual: 20,
+	PickupSamples: 10, FanoutSubjects: 50_000, Backlog: 25_000, BacklogManual: 20,
 }
 
 // measure is one family of measurements; run measures both systems once
