@@ -7,8 +7,9 @@ import (
 
 // Combiner hands items added concurrently to one flush function in
 // batches: an item added while no flush runs is flushed at once; items
-// added while MaxInFlight flushes run wait for the next one. Client is a
-// Combiner of command groups; the engine also combines submits of one
+// added while MaxInFlight flushes run wait for the next one (and, when
+// Balanced, while they are fewer than the items being flushed). Client is
+// a Combiner of command groups; the engine also combines submits of one
 // partition into one script call.
 type Combiner[T any] struct {
 	flush       func([]T) // completes every item it is given
