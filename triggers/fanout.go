@@ -117,7 +117,7 @@ func (s *Scheduler) batch(ctx context.Context, f *fanOut) (batchResult, error) {
 	if last {
 		done = 1
 	}
-	res, err := progressScript.Run(ctx, s.rdb, []string{s.stateKey(f.e.Name)}, f.term, f.at.Unix(),
+	res, err := cronScripts().progress.Run(ctx, s.rdb, []string{s.stateKey(f.e.Name)}, f.term, f.at.Unix(),
 		f.pos.part, strconv.FormatUint(f.pos.cursor, 10), f.pos.index,
 		next.part, strconv.FormatUint(next.cursor, 10), next.index,
 		recSub, recDup, done, stateTTL(f.e, f.at).Milliseconds()).Slice()

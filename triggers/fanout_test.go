@@ -140,7 +140,7 @@ func kindOf(cmd redis.Cmder) string {
 	switch {
 	case name == "zscan":
 		return "scan"
-	case name == "evalsha" && len(a) > 3 && fmt.Sprint(a[1]) == progressScript.Hash():
+	case name == "evalsha" && len(a) > 3 && fmt.Sprint(a[1]) == cronScripts().progress.Hash():
 		return "progress"
 	case (name == "evalsha" || name == "fcall") && len(a) > 3 && strings.HasSuffix(fmt.Sprint(a[3]), ":q:b"):
 		return "submit"
@@ -206,7 +206,7 @@ func TestFanOutSurvivesRedisErrors(t *testing.T) {
 	s := newScheduler(t, rdb, reg, SchedulerConfig{ID: "solo", Schedules: []Schedule{sc}})
 	var d decisions
 	s.forceLeader, s.observe, s.batchSize, s.retryMin = true, d.add, 50, time.Millisecond
-	if err := progressScript.Load(context.Background(), rdb).Err(); err != nil {
+	if err := cronScripts().progress.Load(context.Background(), rdb).Err(); err != nil {
 		t.Fatal(err)
 	}
 	h := newFaultHook()
@@ -443,7 +443,7 @@ func TestFanOutFence(t *testing.T) {
 			t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 			progress := func(term int64, at time.Time, index, last int) string {
 				t.Helper()
-				res, err := progressScript.Run(ctx, rdb, key, term, at.Unix(), 0, "0", index-1, 0, "0", index, 1, 0, last, int64(3600000)).Slice()
+				res, err := cronScripts().progress.Run(ctx, rdb, key, term, at.Unix(), 0, "0", index-1, 0, "0", index, 1, 0, last, int64(3600000)).Slice()
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -451,7 +451,7 @@ func TestFanOutFence(t *testing.T) {
 			}
 			adopt := func(term int64, bound time.Duration) []string {
 				t.Helper()
-				res, err := adoptScript.Run(ctx, rdb, key, "o", term, e.spec, bound.Milliseconds()).Slice()
+				res, err := cronScripts().adopt.Run(ctx, rdb, key, "o", term, e.spec, bound.Milliseconds()).Slice()
 				if err != nil {
 					t.Fatal(err)
 				}

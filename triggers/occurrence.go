@@ -7,20 +7,27 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/tasklease/tasklease/internal/wait"
 	"github.com/tasklease/tasklease/jobs"
 	"github.com/tasklease/tasklease/lua"
 )
 
-// The cron scripts (lua/cron_*.lua, each headed by its contract).
-var (
-	termScript     = lua.MustScript("cron_term")
-	claimScript    = lua.MustScript("cron_claim")
-	adoptScript    = lua.MustScript("cron_adopt")
-	progressScript = lua.MustScript("cron_progress")
-)
+// cronScripts are the cron scripts (lua/cron_*.lua, each headed by its
+// contract). They are made on first use, not at package init: every exec
+// stage's supervisor is the runner binary started again, and its package
+// inits run before main can hand over to the supervisor (building them
+// took 3.4 ms of each stage's start; GODEBUG=inittrace=1).
+var cronScripts = sync.OnceValue(func() struct{ term, claim, adopt, progress *redis.Script } {
+	return struct{ term, claim, adopt, progress *redis.Script }{
+		lua.MustScript("cron_term"), lua.MustScript("cron_claim"),
+		lua.MustScript("cron_adopt"), lua.MustScript("cron_progress"),
+	}
+})
 
 // tag is schedule name's hash tag: every key of one schedule lives in one
 // Redis Cluster slot, so the claim (fired key + state) is one script.
@@ -83,7 +90,7 @@ func stateTTL(e *entry, t time.Time) time.Duration {
 
 // newTerm opens a leadership term (lua/cron_term.lua).
 func (s *Scheduler) newTerm(ctx context.Context) (int64, error) {
-	return termScript.Run(ctx, s.rdb, []string{s.termKey}, TermTTL.Milliseconds()).Int64()
+	return cronScripts().term.Run(ctx, s.rdb, []string{s.termKey}, TermTTL.Milliseconds()).Int64()
 }
 
 // leaderTerm returns the term under which this Scheduler surely leads now,
@@ -188,7 +195,7 @@ func (s *Scheduler) claim(ctx context.Context, e *entry, t time.Time, term int64
 	if legacy > 0 {
 		return claimDuplicate, "(previous release)", nil
 	}
-	res, err := claimScript.Run(ctx, s.rdb, []string{s.firedKey(e.Name, t), s.stateKey(e.Name), s.recentKey(e.Name)},
+	res, err := cronScripts().claim.Run(ctx, s.rdb, []string{s.firedKey(e.Name, t), s.stateKey(e.Name), s.recentKey(e.Name)},
 		s.owner, term, t.Unix(), stateTTL(e, t).Milliseconds(), claimID, e.spec, recentFanOuts).Slice()
 	if err != nil {
 		return "", "", err
@@ -273,7 +280,7 @@ func (s *Scheduler) resume(ctx context.Context, e *entry) (d Decision, found boo
 	if err != nil || term == 0 {
 		return "", false
 	}
-	res, err := adoptScript.Run(ctx, s.rdb, []string{s.stateKey(e.Name)},
+	res, err := cronScripts().adopt.Run(ctx, s.rdb, []string{s.stateKey(e.Name)},
 		s.owner, term, e.spec, stateTTL(e, s.now()).Milliseconds()).Slice()
 	if err != nil {
 		if ctx.Err() == nil {

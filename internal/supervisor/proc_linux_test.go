@@ -126,8 +126,19 @@ func TestDescendantsCycle(t *testing.T) {
 }
 
 // On the real /proc: a shell's children and grandchildren are found under
-// this process, with their parent links.
+// this process, with their parent links, by a full scan and along the
+// kernel's children lists alike.
 func TestDescendantsLive(t *testing.T) {
+	t.Run("scan", func(t *testing.T) { testDescendantsLive(t, descendants) })
+	t.Run("tree", func(t *testing.T) {
+		if !hasChildrenLists("/proc", os.Getpid()) {
+			t.Skip("this kernel keeps no children lists")
+		}
+		testDescendantsLive(t, treeDescendants)
+	})
+}
+
+func testDescendantsLive(t *testing.T, descendants func(string, int) ([]proc, error)) {
 	dir := t.TempDir()
 	cmd := exec.Command("sh", "-c", `sh -c 'sleep 30 & echo $! > grandchild.pid; wait' & sleep 30 & echo $! > child.pid; wait`)
 	cmd.Dir = dir

@@ -6,7 +6,8 @@
 // setsid — is re-parented to it. When the command exits, when the runner
 // asks it to stop (SIGTERM) or when the runner dies (DeathSignal, armed by
 // the runner as the supervisor's parent-death signal) it kills every
-// descendant it finds by walking /proc, reaps them all, and only then exits.
+// descendant it finds by walking its own process tree in /proc, reaps them
+// all, and only then exits.
 // Elsewhere Main only reports that it is unsupported.
 //
 // The runner (package jobs) starts the supervisor through a host binary:

@@ -35,9 +35,12 @@ const (
 	// process stuck in the kernel (D state) takes longer; it then runs no
 	// more user code, and the supervisor exits rather than block the stage.
 	killTimeout = 5 * time.Second
-	// pollMin and pollMax bound the re-walk interval while killing.
-	pollMin = 2 * time.Millisecond
-	pollMax = 50 * time.Millisecond
+	// pollMin and pollMax bound the re-walk interval while killing. Each
+	// reaped child also triggers a walk at once (its orphans are now the
+	// supervisor's), so the timer is only the backstop for a fork that
+	// raced the kill.
+	pollMin = 5 * time.Millisecond
+	pollMax = 100 * time.Millisecond
 )
 
 // Main runs the supervisor with the arguments after the host's supervise
@@ -54,6 +57,7 @@ func Main(args []string) int {
 		procRoot:  "/proc",
 		cmdExited: make(chan struct{}),
 		allGone:   make(chan struct{}),
+		reaped:    make(chan struct{}, 1),
 	}
 	return s.run()
 }
@@ -73,7 +77,13 @@ type supervisor struct {
 	// allGone is closed by the reaper once wait4 reports no child: as a
 	// subreaper, that means no descendant is left at all.
 	allGone chan struct{}
+	// reaped gets a token (dropped if one is pending) each time a child is
+	// reaped: what it left running is now the supervisor's child.
+	reaped chan struct{}
 
+	// walk lists the live descendants: along the kernel's children lists
+	// where it has them, else by scanning /proc.
+	walk   func() ([]proc, error)
 	noProc bool // /proc could not be listed (warned once)
 }
 
@@ -96,6 +106,11 @@ func (s *supervisor) run() int {
 	}
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		fmt.Fprintf(os.Stderr, "tasklease supervisor: cannot become a child subreaper (%v): daemonised descendants may escape\n", err)
+	}
+	if hasChildrenLists(s.procRoot, s.self) {
+		s.walk = func() ([]proc, error) { return treeDescendants(s.procRoot, s.self) }
+	} else {
+		s.walk = func() ([]proc, error) { return descendants(s.procRoot, s.self) }
 	}
 
 	pid, err := s.start()
@@ -200,6 +215,10 @@ func (s *supervisor) reap() {
 			s.cmdStatus = ws
 			close(s.cmdExited)
 		}
+		select {
+		case s.reaped <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -252,14 +271,16 @@ func (s *supervisor) killAll() {
 		case <-s.allGone:
 			t.Stop()
 			return
+		case <-s.reaped:
 		case <-deadline.C:
 			t.Stop()
-			ps, _ := descendants(s.procRoot, s.self)
+			ps, _ := s.walk()
 			fmt.Fprintf(os.Stderr, "tasklease supervisor: %d descendants still alive %v after SIGKILL; giving up\n", len(ps), killTimeout)
 			return
 		case <-t.C:
+			poll = min(2*poll, pollMax)
 		}
-		poll = min(2*poll, pollMax)
+		t.Stop()
 	}
 }
 
@@ -267,7 +288,7 @@ func (s *supervisor) killAll() {
 // if /proc could not be listed; it then signals the command alone (and, for
 // a catchable signal, the process group).
 func (s *supervisor) signalAll(sigs ...syscall.Signal) bool {
-	ps, err := descendants(s.procRoot, s.self)
+	ps, err := s.walk()
 	if err != nil {
 		if !s.noProc {
 			s.noProc = true
