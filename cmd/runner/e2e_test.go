@@ -64,13 +64,14 @@ func (p *runnerProc) exited() bool {
 // startRunner starts `runner serve` on a free loopback port and waits for
 // /readyz. A port lost to another process between picking and binding is
 // retried on another one.
-func startRunner(t *testing.T, bin, cfgPath, redisURL, id string) *runnerProc {
+func startRunner(t *testing.T, bin, cfgPath, redisURL, id string, env ...string) *runnerProc {
 	t.Helper()
 	for attempt := 1; ; attempt++ {
 		addr := fmt.Sprintf("127.0.0.1:%d", deadPort(t))
 		p := &runnerProc{id: id, url: "http://" + addr, out: &syncBuffer{}, done: make(chan struct{})}
 		p.cmd = exec.Command(bin, "serve", "--config", cfgPath, "--redis", redisURL, "--listen", addr)
 		p.cmd.Env = append(os.Environ(), "TASKLEASE_RUNNER_ID="+id, "TASKLEASE_TOKEN=")
+		p.cmd.Env = append(p.cmd.Env, env...)
 		p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 		p.cmd.SysProcAttr = runnerProcAttr()
 		if err := p.cmd.Start(); err != nil {

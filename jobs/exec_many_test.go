@@ -1,0 +1,135 @@
+//go:build linux
+
+package jobs
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// execManyEnv, in the helper process of TestExecSupervisedRunnerKilledMany,
+// is the number of stages it runs at once.
+const execManyEnv = "TASKLEASE_TEST_EXEC_MANY"
+
+// execManyStages is how many supervised stages die with their runner.
+const execManyStages = 200
+
+// TestExecSupervisedManyHelperProcess is not a test: it is the runner of
+// TestExecSupervisedRunnerKilledMany, which SIGKILLs it while its stages
+// run. Without TASKLEASE_TEST_EXEC_MANY it skips.
+func TestExecSupervisedManyHelperProcess(t *testing.T) {
+	n, _ := strconv.Atoi(os.Getenv(execManyEnv))
+	if n == 0 {
+		t.Skip("helper process for TestExecSupervisedRunnerKilledMany")
+	}
+	// Each stage: a child and a double-forked setsid daemon, both ignoring
+	// SIGTERM, so only the parent-death path stops them.
+	script := `trap '' TERM
+		( setsid sh -c 'trap "" TERM; exec sleep 300' & )
+		sleep 300 &
+		wait`
+	var wg sync.WaitGroup
+	for range n {
+		run := testStageRun()
+		run.stopBy = 0
+		e := &ExecStage{Command: []string{"sh", "-c", script},
+			Env: []string{execMarkEnv + "=" + os.Getenv(execHelperMarkEnv)}, KillGrace: time.Minute,
+			Supervisor: testSupervisor(t)}
+		wg.Go(func() { _ = e.RunStage(context.Background(), run) })
+	}
+	wg.Wait()
+	t.Fatal("every RunStage returned; the helper should have been killed")
+}
+
+// A runner SIGKILLed with 200 supervised stages (each a shell, a child and
+// a setsid daemon, all ignoring SIGTERM): every process of every stage is
+// dead within seconds. The cleanup time and the host CPU it took are
+// logged; docs/stages.md quotes them.
+func TestExecSupervisedRunnerKilledMany(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts 800 processes")
+	}
+	mark := newExecMark(t)
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe, "-test.run=^TestExecSupervisedManyHelperProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), execManyEnv+"="+strconv.Itoa(execManyStages), execHelperMarkEnv+"="+mark)
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.WaitDelay = time.Second
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+		if t.Failed() {
+			t.Logf("helper output:\n%s", out.String())
+		}
+	})
+
+	// Supervisor, shell, sleep and daemon per stage.
+	want := 4 * execManyStages
+	deadline := time.Now().Add(90 * time.Second)
+	for n := 0; n < want; n = len(markedProcs(mark)) {
+		select {
+		case <-exited:
+			t.Fatalf("helper exited with %d of %d processes started", n, want)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d stage processes started within 90s", n, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	busy0 := hostBusy(t)
+	killed := time.Now()
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		left := markedProcs(mark)
+		if len(left) == 0 {
+			break
+		}
+		if time.Since(killed) > 10*time.Second {
+			t.Fatalf("10s after the runner was SIGKILLed, %d of %d stage processes are alive", len(left), want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	took := time.Since(killed)
+	t.Logf("runner SIGKILL with %d stages to the last of %d processes dead: %v, host CPU busy %v",
+		execManyStages, want, took.Round(time.Millisecond), hostBusy(t)-busy0)
+}
+
+// hostBusy is the host's non-idle CPU time since boot (/proc/stat).
+func hostBusy(t *testing.T) time.Duration {
+	t.Helper()
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	var ticks int64
+	for i, v := range strings.Fields(line)[1:] {
+		if i == 3 || i == 4 { // idle, iowait
+			continue
+		}
+		n, _ := strconv.ParseInt(v, 10, 64)
+		ticks += n
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond // USER_HZ = 100
+}
