@@ -39,7 +39,7 @@ type RunnerInfo struct {
 	ID          string    `json:"id"`
 	Version     string    `json:"version"`
 	Concurrency int       `json:"concurrency"`
-	Active      int       `json:"active"`
+	Active      int       `json:"active"` // runs claimed or executing there; 0 once gone: a gone runner holds nothing
 	StartedAt   time.Time `json:"startedAt"`
 	HeartbeatAt time.Time `json:"heartbeatAt"`
 	// Alive: the runner refreshed its record within the last
@@ -238,6 +238,9 @@ func (r *Registry) runnersAt(ctx context.Context) ([]RunnerInfo, time.Time, erro
 			interval = PresenceIntervalDefault
 		}
 		info.Alive = info.StoppedAt == nil && age <= presenceMissed*interval
+		if !info.Alive {
+			info.Active = 0 // its last report, not what it holds now
+		}
 		out = append(out, info)
 	}
 	slices.SortFunc(out, func(a, b RunnerInfo) int {

@@ -101,6 +101,11 @@ type SchedulerConfig struct {
 	// Scheduler's Owner is ID + "/" + a random suffix per process, as for
 	// jobs.Runner. Default: the hostname.
 	ID string
+	// Owner, when set, is the Scheduler's Owner as is: give it the
+	// jobs.Runner's Owner of the same process, so leases, the runner
+	// registry and cron leadership name the process alike (ID is then
+	// unused).
+	Owner string
 	// Prefix of the Redis keys (default "tasklease"); use the registry's.
 	// Keys: "<prefix>:cron:leader" (the redsync mutex),
 	// "<prefix>:cron:term" (the leadership term counter), and per schedule,
@@ -258,8 +263,12 @@ func NewScheduler(rdb redis.UniversalClient, reg *jobs.Registry, cfg SchedulerCo
 		}
 		cfg.ID = h
 	}
-	if strings.ContainsAny(cfg.ID, " |") || len(cfg.ID) > 100 {
-		bad("scheduler id %q: no spaces or '|', at most 100 bytes", cfg.ID)
+	if cfg.Owner == "" {
+		if strings.ContainsAny(cfg.ID, " |") || len(cfg.ID) > 100 {
+			bad("scheduler id %q: no spaces or '|', at most 100 bytes", cfg.ID)
+		}
+	} else if strings.ContainsAny(cfg.Owner, " |") || len(cfg.Owner) > 128 {
+		bad("scheduler owner %q: no spaces or '|', at most 128 bytes", cfg.Owner)
 	}
 	ks, err := keyspace.New(cfg.Prefix, 0)
 	if err != nil {
@@ -333,7 +342,10 @@ func NewScheduler(rdb redis.UniversalClient, reg *jobs.Registry, cfg SchedulerCo
 	s.leaderKey = s.prefix + ":cron:leader"
 	s.termKey = s.prefix + ":cron:term"
 	s.batchSize, s.retryMin = FanOutBatch, FanOutRetryMin
-	s.owner = cfg.ID + "/" + randomHex(3)
+	s.owner = cfg.Owner
+	if s.owner == "" {
+		s.owner = cfg.ID + "/" + randomHex(3)
+	}
 	s.log = cfg.Logger.With(slog.String("component", "scheduler"), slog.String("owner", s.owner))
 	s.rs = redsync.New(goredispool.NewPool(rdb))
 	return s, nil

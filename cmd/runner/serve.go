@@ -157,7 +157,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, spans io.W
 	var sched *triggers.Scheduler
 	if len(scheds) > 0 {
 		sched, err = triggers.NewScheduler(rdb, reg, triggers.SchedulerConfig{
-			Schedules: scheds, ID: runner.ID(), Prefix: reg.Prefix(), Logger: log})
+			Schedules: scheds, ID: runner.ID(), Owner: runner.Owner(), Prefix: reg.Prefix(), Logger: log})
 		if err != nil {
 			return fail(exitUsage, "%w", err)
 		}
