@@ -188,6 +188,11 @@ func (e *ExecStage) RunStage(ctx context.Context, run *Run) error {
 		return fmt.Errorf("exec %s: not started: %w", argv0, context.Cause(ctx))
 	}
 	grace := e.killGrace(run)
+	endStart, err := run.acquireStart(ctx)
+	if err != nil {
+		return fmt.Errorf("exec %s: not started: %w", argv0, err)
+	}
+	defer endStart()
 
 	// Supervised, cmd is the supervisor and sv its side of the protocol.
 	var cmd *exec.Cmd
@@ -230,7 +235,9 @@ func (e *ExecStage) RunStage(ctx context.Context, run *Run) error {
 
 	p, err := startExec(cmd)
 	if sv != nil {
-		sv.started(err == nil)
+		sv.started(err == nil, endStart)
+	} else {
+		endStart()
 	}
 	if err != nil {
 		return startError(argv0, err)

@@ -133,3 +133,58 @@ func hostBusy(t *testing.T) time.Duration {
 	}
 	return time.Duration(ticks) * 10 * time.Millisecond // USER_HZ = 100
 }
+
+// A supervised stage holds its start token (RunnerConfig.ExecStarts) from
+// before its supervisor is started until the supervisor reports the
+// command started, and no longer; a stage that cannot get one waits, and
+// gives up when its context ends.
+func TestExecStartsPaced(t *testing.T) {
+	dir, mark := t.TempDir(), newExecMark(t)
+	gate := dir + "/gate"
+	// The supervisor is started through a wrapper that waits for the gate:
+	// a supervisor slow to start.
+	wrapper := append([]string{"sh", "-c", `while [ ! -e "$0" ]; do sleep 0.01; done; exec "$@"`, gate}, testSupervisor(t)...)
+	run := testStageRun()
+	run.starts = make(chan struct{}, 1)
+	e := &ExecStage{Command: []string{"sleep", "30"}, Env: []string{execMarkEnv + "=" + mark},
+		Supervisor: wrapper, KillGrace: time.Second}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	t.Setenv(execMarkEnv, mark) // the wrapper carries the mark too
+	errc := runStageAsync(ctx, e, run)
+	deadline := time.Now().Add(10 * time.Second)
+	for len(markedProcs(mark)) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the wrapper did not start")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if len(run.starts) != 1 {
+		t.Fatalf("start tokens held while the supervisor starts: %d, want 1", len(run.starts))
+	}
+	// Another stage waits for the token, and gives up with its context.
+	other := testStageRun()
+	other.starts = run.starts
+	octx, ocancel := context.WithCancel(context.Background())
+	oerr := runStageAsync(octx, &ExecStage{Command: []string{"true"}, Supervisor: testSupervisor(t)}, other)
+	ocancel()
+	if err := recvStage(t, oerr, 10*time.Second); err == nil || !strings.Contains(err.Error(), "not started") {
+		t.Fatalf("a stage without a start token: %v, want not started", err)
+	}
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for len(run.starts) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the start token was not released once the supervisor reported the start")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	select {
+	case err := <-errc:
+		t.Fatalf("the stage ended early: %v", err)
+	default:
+	}
+	cancel()
+	_ = recvStage(t, errc, 20*time.Second)
+}

@@ -64,15 +64,18 @@ func (e *ExecStage) supervisedCmd(grace time.Duration) (*exec.Cmd, *supervised, 
 
 // started closes this process's copy of the status pipe's write end, so
 // that the supervisor's exit ends the status, and starts reading it.
-func (s *supervised) started(ok bool) {
+// startDone is called when the supervisor has reported its start (or
+// ended without one).
+func (s *supervised) started(ok bool, startDone func()) {
 	s.write.Close()
 	if !ok {
 		s.status.Close()
 		close(s.done)
+		startDone()
 		return
 	}
 	go func() {
-		s.st, s.readErr = supervisor.ReadStatus(s.status)
+		s.st, s.readErr = supervisor.ReadStatus(s.status, startDone)
 		close(s.done)
 	}()
 }

@@ -148,7 +148,7 @@ func (r *Runner) execute(lr *localRun, c claimResult, readNext bool) []nextEntry
 
 	run := &Run{key: k, runID: runID, attempt: c.attempt, sources: c.sources, source: source,
 		lease: lease, recovery: rec, stages: c.stages, cursor: rec.Cursor,
-		stopBy: lease.TTL / 3, store: r.reg.store, leases: r.reg.leases}
+		stopBy: lease.TTL / 3, store: r.reg.store, leases: r.reg.leases, starts: r.execStarts}
 
 	result = resultDone
 	completed := ""

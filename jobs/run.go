@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/tasklease/tasklease/checkpoints"
@@ -29,6 +30,24 @@ type Run struct {
 	stopBy time.Duration
 	store  *checkpoints.Store
 	leases *leasing.Manager
+	// starts paces process starts (RunnerConfig.ExecStarts); nil outside
+	// a Runner: unpaced.
+	starts chan struct{}
+}
+
+// acquireStart waits for a turn to start a stage's process and returns the
+// function that ends it (idempotent, safe from any goroutine).
+func (r *Run) acquireStart(ctx context.Context) (release func(), err error) {
+	if r.starts == nil {
+		return func() {}, nil
+	}
+	select {
+	case r.starts <- struct{}{}:
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	}
+	var once sync.Once
+	return func() { once.Do(func() { <-r.starts }) }, nil
 }
 
 // Key returns the task key.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,12 +17,14 @@ import (
 
 // Runner defaults.
 const (
-	ConcurrencyDefault    = 16
-	LeaseTTLDefault       = 15 * time.Second
-	ShutdownGraceDefault  = 10 * time.Second
-	FetchBlockDefault     = time.Second
-	FetchBatchDefault     = 16
-	RetryPollDefault      = 500 * time.Millisecond
+	ConcurrencyDefault   = 16
+	LeaseTTLDefault      = 15 * time.Second
+	ShutdownGraceDefault = 10 * time.Second
+	FetchBlockDefault    = time.Second
+	FetchBatchDefault    = 16
+	RetryPollDefault     = 500 * time.Millisecond
+	// ExecStartsPerCPU × GOMAXPROCS is the default ExecStarts.
+	ExecStartsPerCPU      = 2
 	ReclaimIntervalMax    = time.Second
 	redisErrorBackoffBase = 100 * time.Millisecond
 )
@@ -72,6 +75,15 @@ type RunnerConfig struct {
 	// Version is shown in the runner registry (default: the main module's
 	// version from the build info).
 	Version string
+	// ExecStarts bounds the exec stage processes being started at once
+	// (default ExecStartsPerCPU × GOMAXPROCS). A supervised stage counts
+	// until its supervisor reports the command started: about 10 ms of CPU
+	// each (a Go runtime and the fork of the command). Without the bound, a
+	// runner that takes over a dead peer's hundreds of runs starts as many
+	// processes at once, and the CPU they queue for delays its own lease
+	// renewals past their deadline; with it, the starts are spread over a
+	// few hundred milliseconds while the renewals keep their pace.
+	ExecStarts int
 }
 
 func (c *RunnerConfig) normalize() error {
@@ -99,6 +111,9 @@ func (c *RunnerConfig) normalize() error {
 	if c.FetchBatch == 0 {
 		c.FetchBatch = FetchBatchDefault
 	}
+	if c.ExecStarts == 0 {
+		c.ExecStarts = ExecStartsPerCPU * runtime.GOMAXPROCS(0)
+	}
 	def(&c.LeaseTTL, LeaseTTLDefault)
 	def(&c.ShutdownGrace, ShutdownGraceDefault)
 	def(&c.FetchBlock, FetchBlockDefault)
@@ -107,8 +122,8 @@ func (c *RunnerConfig) normalize() error {
 	def(&c.PresenceInterval, PresenceIntervalDefault)
 	def(&c.ReclaimInterval, min(c.LeaseTTL/4, ReclaimIntervalMax))
 	switch {
-	case c.Concurrency < 1 || c.FetchBatch < 1:
-		return fmt.Errorf("%w: concurrency and fetch batch must be >= 1", ErrConfig)
+	case c.Concurrency < 1 || c.FetchBatch < 1 || c.ExecStarts < 1:
+		return fmt.Errorf("%w: concurrency, fetch batch and exec starts must be >= 1", ErrConfig)
 	case c.LeaseTTL < 30*time.Millisecond:
 		return fmt.Errorf("%w: lease TTL %s below 30ms", ErrConfig, c.LeaseTTL)
 	case c.ShutdownGrace < 0 || c.FetchBlock <= 0 || c.RetryPoll <= 0 || c.ReclaimInterval <= 0 || c.JanitorInterval <= 0 || c.PresenceInterval <= 0:
@@ -137,7 +152,8 @@ type Runner struct {
 	finishConf map[string]string
 	log        *slog.Logger
 	slots      chan struct{}
-	presence   *presence // this runner's record in the runner registry
+	execStarts chan struct{} // RunnerConfig.ExecStarts: a token per exec stage being started
+	presence   *presence     // this runner's record in the runner registry
 
 	workCtx    context.Context // runs; cancelled with ErrShutdown after the grace
 	workCancel context.CancelCauseFunc
@@ -180,11 +196,12 @@ func NewRunner(reg *Registry, cfg RunnerConfig) (*Runner, error) {
 	owner := cfg.ID + "/" + newRunID()[:6]
 	r := &Runner{
 		reg: reg, cfg: cfg, owner: owner, reclaimIdle: reclaimIdle,
-		reads:    make([]atomic.Uint64, reg.ks.Partitions()),
-		log:      reg.log.With(slog.String("owner", owner)),
-		slots:    make(chan struct{}, cfg.Concurrency),
-		presence: newPresence(cfg.PresenceInterval, cfg.Version),
-		active:   make(map[string]map[*context.CancelCauseFunc]struct{}),
+		reads:      make([]atomic.Uint64, reg.ks.Partitions()),
+		log:        reg.log.With(slog.String("owner", owner)),
+		slots:      make(chan struct{}, cfg.Concurrency),
+		execStarts: make(chan struct{}, cfg.ExecStarts),
+		presence:   newPresence(cfg.PresenceInterval, cfg.Version),
+		active:     make(map[string]map[*context.CancelCauseFunc]struct{}),
 	}
 	r.readConf, r.finishConf = r.confArgs()
 	return r, nil

@@ -208,6 +208,7 @@ func (c *Config) RunnerConfig() jobs.RunnerConfig {
 		Concurrency:   c.Runner.Concurrency,
 		LeaseTTL:      c.Runner.LeaseTTL.D(),
 		ShutdownGrace: c.Runner.ShutdownGrace.D(),
+		ExecStarts:    c.Runner.ExecStarts,
 	}
 }
 

@@ -110,6 +110,9 @@ type Runner struct {
 	// ShutdownGrace is how long running stages may finish on SIGTERM before
 	// they are handed back (default 10s).
 	ShutdownGrace Duration `yaml:"shutdownGrace"`
+	// ExecStarts bounds the exec stage processes being started at once
+	// (default 2 × the CPUs Go may use); see jobs.RunnerConfig.ExecStarts.
+	ExecStarts int `yaml:"execStarts"`
 }
 
 // HTTP configures the API server.

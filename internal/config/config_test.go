@@ -336,7 +336,7 @@ jobs:
 `)
 	wantProblem(t, ps, "partitons", `unknown key (did you mean "partitions"?)`)
 	wantProblem(t, ps, "runner.leasettl", `did you mean "leaseTTL"`)
-	wantProblem(t, ps, "runner.color", "unknown key (known: id, concurrency, leaseTTL, shutdownGrace)")
+	wantProblem(t, ps, "runner.color", "unknown key (known: id, concurrency, leaseTTL, shutdownGrace, execStarts)")
 	wantProblem(t, ps, "jobs.x.stages[0].exex", `did you mean "exec"`)
 	wantProblem(t, ps, "jobs.x.stages[0]", "set exactly one of exec or http")
 	for _, p := range ps {

@@ -50,6 +50,7 @@ func (c *Config) checkExplicitZeros(ps *problemSet) {
 	}
 	zero("partitions", c.Partitions == 0, fmt.Sprintf("must be in 1..%d", PartitionsMax))
 	zero("runner.concurrency", c.Runner.Concurrency == 0, "must be at least 1")
+	zero("runner.execStarts", c.Runner.ExecStarts == 0, "must be at least 1 (omit it for the default)")
 	zero("runner.leaseTTL", c.Runner.LeaseTTL == 0, "must be at least "+LeaseTTLMin.String())
 	zero("http.bodyLimit", c.HTTP.BodyLimit == 0, "must be at least 1 byte")
 	zero("http.maxEventClients", c.HTTP.MaxEventClients == 0, fmt.Sprintf("must be at least 1 (omit it for the default %d)", MaxEventClientsDefault))
@@ -203,6 +204,9 @@ func (c *Config) validateRunner(ps *problemSet) {
 	}
 	if r.ShutdownGrace < 0 {
 		ps.addf("runner.shutdownGrace", "must not be negative")
+	}
+	if r.ExecStarts < 0 {
+		ps.addf("runner.execStarts", "%d must be at least 1 (omit it for the default)", r.ExecStarts)
 	}
 }
 

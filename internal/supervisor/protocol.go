@@ -150,12 +150,23 @@ type Status struct {
 }
 
 // ReadStatus reads status lines until EOF. A line it does not understand
-// is an error, reported after the rest was read.
-func ReadStatus(r io.Reader) (Status, error) {
+// is an error, reported after the rest was read. onFirst, when set, is
+// called once: at the first line (normally "started" or "start-error") or
+// at the end, whichever comes first.
+func ReadStatus(r io.Reader, onFirst func()) (Status, error) {
 	var st Status
 	var bad error
+	defer func() {
+		if onFirst != nil { // no line at all
+			onFirst()
+		}
+	}()
 	sc := bufio.NewScanner(r)
 	for sc.Scan() {
+		if onFirst != nil {
+			onFirst()
+			onFirst = nil
+		}
 		word, arg, _ := strings.Cut(sc.Text(), " ")
 		n, err := strconv.Atoi(arg)
 		if err != nil {

@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"io"
 	"slices"
 	"strings"
 	"syscall"
@@ -50,24 +51,53 @@ func TestParseArgsDefaultsAndErrors(t *testing.T) {
 }
 
 func TestReadStatus(t *testing.T) {
-	st, err := ReadStatus(strings.NewReader("started 123\nsignal 9\n"))
+	st, err := ReadStatus(strings.NewReader("started 123\nsignal 9\n"), nil)
 	if err != nil || !st.Started || st.PID != 123 || !st.Ended || st.Signal != syscall.SIGKILL || st.Code != 0 {
 		t.Errorf("signal: %+v, %v", st, err)
 	}
-	st, err = ReadStatus(strings.NewReader("started 7\nexit 137\n"))
+	st, err = ReadStatus(strings.NewReader("started 7\nexit 137\n"), nil)
 	if err != nil || !st.Ended || st.Signal != 0 || st.Code != 137 {
 		t.Errorf("exit: %+v, %v", st, err)
 	}
-	st, err = ReadStatus(strings.NewReader("start-error 2\n"))
+	st, err = ReadStatus(strings.NewReader("start-error 2\n"), nil)
 	if err != nil || st.Started || st.Ended || st.StartErr != syscall.ENOENT {
 		t.Errorf("start-error: %+v, %v", st, err)
 	}
-	st, err = ReadStatus(strings.NewReader("started 7\n"))
+	st, err = ReadStatus(strings.NewReader("started 7\n"), nil)
 	if err != nil || !st.Started || st.Ended {
 		t.Errorf("no end: %+v, %v", st, err)
 	}
-	st, err = ReadStatus(strings.NewReader("started 7\nhello world\nexit 0\n"))
+	st, err = ReadStatus(strings.NewReader("started 7\nhello world\nexit 0\n"), nil)
 	if err == nil || !st.Ended || st.Code != 0 {
 		t.Errorf("bad line: %+v, %v; want the rest read and an error", st, err)
+	}
+}
+
+// onFirst comes once, as soon as the first line is read — before the rest
+// of the status arrives — or at the end when there is no line.
+func TestReadStatusOnFirst(t *testing.T) {
+	r, w := io.Pipe()
+	first := make(chan struct{}, 2)
+	done := make(chan struct{})
+	go func() {
+		_, _ = ReadStatus(r, func() { first <- struct{}{} })
+		close(done)
+	}()
+	_, _ = io.WriteString(w, "started 7\n")
+	select {
+	case <-first:
+	case <-time.After(10 * time.Second):
+		t.Fatal("onFirst not called at the first line")
+	}
+	_, _ = io.WriteString(w, "exit 0\n")
+	w.Close()
+	<-done
+	if len(first) != 0 {
+		t.Error("onFirst called more than once")
+	}
+	called := 0
+	_, _ = ReadStatus(strings.NewReader(""), func() { called++ })
+	if called != 1 {
+		t.Errorf("onFirst called %d times on an empty status, want 1", called)
 	}
 }

@@ -110,7 +110,7 @@ func (s *supProc) wait(t *testing.T, d time.Duration) (int, Status) {
 	case <-time.After(d):
 		t.Fatalf("supervisor did not exit within %v; stderr:\n%s", d, s.stderr.String())
 	}
-	st, err := ReadStatus(s.status)
+	st, err := ReadStatus(s.status, nil)
 	if err != nil {
 		t.Fatalf("status: %v", err)
 	}
