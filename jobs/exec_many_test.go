@@ -18,6 +18,10 @@ import (
 // is the number of stages it runs at once.
 const execManyEnv = "TASKLEASE_TEST_EXEC_MANY"
 
+// execManySupervisorEnv, when set, is the binary hosting the helper's
+// supervisors (TestExecStageCost: the runner's own).
+const execManySupervisorEnv = "TASKLEASE_TEST_EXEC_MANY_SUPERVISOR"
+
 // execManyStages is how many supervised stages die with their runner.
 const execManyStages = 200
 
@@ -35,13 +39,17 @@ func TestExecSupervisedManyHelperProcess(t *testing.T) {
 		( setsid sh -c 'trap "" TERM; exec sleep 300' & )
 		sleep 300 &
 		wait`
+	supervisor := testSupervisor(t)
+	if bin := os.Getenv(execManySupervisorEnv); bin != "" {
+		supervisor = []string{bin, SuperviseCommand}
+	}
 	var wg sync.WaitGroup
 	for range n {
 		run := testStageRun()
 		run.stopBy = 0
 		e := &ExecStage{Command: []string{"sh", "-c", script},
 			Env: []string{execMarkEnv + "=" + os.Getenv(execHelperMarkEnv)}, KillGrace: time.Minute,
-			Supervisor: testSupervisor(t)}
+			Supervisor: supervisor}
 		wg.Go(func() { _ = e.RunStage(context.Background(), run) })
 	}
 	wg.Wait()
@@ -56,13 +64,25 @@ func TestExecSupervisedRunnerKilledMany(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts 800 processes")
 	}
+	took, busy := killRunnerWithStages(t, execManyStages, "")
+	t.Logf("runner SIGKILL with %d stages to the last of their %d processes dead: %v, host CPU busy %v",
+		execManyStages, 4*execManyStages, took.Round(time.Millisecond), busy)
+}
+
+// killRunnerWithStages starts a helper runner process with n supervised
+// stages (supervisors hosted by supervisorBin, or this test binary), waits
+// until all their processes run, SIGKILLs it, and returns how long until
+// the last of them was dead and the host CPU spent meanwhile.
+func killRunnerWithStages(t *testing.T, n int, supervisorBin string) (took, busy time.Duration) {
+	t.Helper()
 	mark := newExecMark(t)
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(exe, "-test.run=^TestExecSupervisedManyHelperProcess$", "-test.count=1")
-	cmd.Env = append(os.Environ(), execManyEnv+"="+strconv.Itoa(execManyStages), execHelperMarkEnv+"="+mark)
+	cmd.Env = append(os.Environ(), execManyEnv+"="+strconv.Itoa(n), execHelperMarkEnv+"="+mark,
+		execManySupervisorEnv+"="+supervisorBin)
 	out := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.WaitDelay = time.Second
@@ -81,16 +101,16 @@ func TestExecSupervisedRunnerKilledMany(t *testing.T) {
 	})
 
 	// Supervisor, shell, sleep and daemon per stage.
-	want := 4 * execManyStages
+	want := 4 * n
 	deadline := time.Now().Add(90 * time.Second)
-	for n := 0; n < want; n = len(markedProcs(mark)) {
+	for got := 0; got < want; got = len(markedProcs(mark)) {
 		select {
 		case <-exited:
-			t.Fatalf("helper exited with %d of %d processes started", n, want)
+			t.Fatalf("helper exited with %d of %d processes started", got, want)
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d stage processes started within 90s", n, want)
+			t.Fatalf("%d of %d stage processes started within 90s", got, want)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -110,9 +130,7 @@ func TestExecSupervisedRunnerKilledMany(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	took := time.Since(killed)
-	t.Logf("runner SIGKILL with %d stages to the last of %d processes dead: %v, host CPU busy %v",
-		execManyStages, want, took.Round(time.Millisecond), hostBusy(t)-busy0)
+	return time.Since(killed), hostBusy(t) - busy0
 }
 
 // hostBusy is the host's non-idle CPU time since boot (/proc/stat).
