@@ -66,6 +66,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	dur := fs.Duration("duration", 45*time.Second, "how long the chaos (load and faults) lasts; the run takes about a minute more")
 	runners := fs.Int("runners", chaos.RunnersDefault, "runner processes at once")
 	keys := fs.Int("keys", 200, "subjects of the bulk job (keys/2 runs live per partition per cron occurrence)")
+	burst := fs.Int("exec-burst", chaos.ExecBurstDefault, "long exec stages made live at once a fifth into the run, before the runner holding most of them is SIGKILLed (negative: none)")
 	topo := fs.String("topology", chaos.TopologyDefault, `Redis deployment under test: single (AOF everysec), sentinel (a primary, two replicas, three Sentinels) or cluster (3 masters + 3 replicas)`)
 	seed := fs.Int64("seed", 0, "seed of the random choices (0: from the clock); the report says which to replay")
 	asJSON := fs.Bool("json", false, "print the report as one JSON object")
@@ -125,7 +126,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	}
 	t.Logf("seed %d, chaos for %v with %d runners and %d bulk keys on %s Redis", *seed, *dur, *runners, *keys, *topo)
 	rep, err := chaos.Run(t, chaos.Options{
-		Duration: *dur, Runners: *runners, Keys: *keys, Seed: *seed,
+		Duration: *dur, Runners: *runners, Keys: *keys, Seed: *seed, ExecBurst: *burst,
 		RunnerBin: bin, Topology: *topo, KeepLogs: *keepLogs,
 	})
 	t.runCleanups()
@@ -133,8 +134,8 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		fmt.Fprintln(stderr, err)
 		return exitFailed
 	}
-	replay := fmt.Sprintf("go run ./cmd/chaos --seed %d --duration %v --runners %d --keys %d --topology %s",
-		rep.Seed, *dur, rep.Runners, rep.Keys, rep.Topology)
+	replay := fmt.Sprintf("go run ./cmd/chaos --seed %d --duration %v --runners %d --keys %d --exec-burst %d --topology %s",
+		rep.Seed, *dur, rep.Runners, rep.Keys, *burst, rep.Topology)
 	last := fmt.Sprintf("chaos: topology=%s runs=%d faults=%d violations=%d", rep.Topology, rep.Runs, rep.Faults, rep.Violations)
 	if *asJSON {
 		if err := json.NewEncoder(stdout).Encode(rep); err != nil {

@@ -20,6 +20,13 @@ setsid sh -c 'sleep 300' </dev/null >/dev/null 2>&1 &
 sleep $(( TASKLEASE_FENCING_TOKEN % 3 )).$(( TASKLEASE_FENCING_TOKEN % 7 + 2 ))
 echo "end $TASKLEASE_KEY $TASKLEASE_FENCING_TOKEN $TASKLEASE_RUN_ID $(date +%s%N) $CHAOS_RUNNER" >> "$CHAOS_EXEC_LOG"`
 
+// burstScript is the burst job's stage: log the start, leave a
+// double-forked daemon, work 5 s, log the end.
+const burstScript = `echo "start $TASKLEASE_KEY $TASKLEASE_FENCING_TOKEN $TASKLEASE_RUN_ID $(date +%s%N) $CHAOS_RUNNER" >> "$CHAOS_EXEC_LOG"
+( setsid sh -c 'sleep 302 & exit 0' </dev/null >/dev/null 2>&1 & )
+sleep 5
+echo "end $TASKLEASE_KEY $TASKLEASE_FENCING_TOKEN $TASKLEASE_RUN_ID $(date +%s%N) $CHAOS_RUNNER" >> "$CHAOS_EXEC_LOG"`
+
 // runnerConfig is the runners' YAML: bulk (http stage to the recorder),
 // sync (the exec stage), and, with cron, bulk every second for every
 // subject. Where Redis is comes from the environment the topology gives
@@ -56,7 +63,15 @@ jobs:
         exec: ["sh", "-c", %q]
         timeout: 2s
         killGrace: 300ms
-`, recorderURL+"/push", execScript)
+  burst:
+    onConflict: join
+    retry: {maxAttempts: 3, backoff: 100ms, maxBackoff: 500ms}
+    stages:
+      - name: work
+        exec: ["sh", "-c", %q]
+        timeout: 20s
+        killGrace: 300ms
+`, recorderURL+"/push", execScript, burstScript)
 	if cron {
 		cfg += fmt.Sprintf(`schedules:
   - name: %s

@@ -8,8 +8,12 @@ import (
 	"context"
 	"maps"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
+
+	"github.com/tasklease/tasklease/jobs"
+	"github.com/tasklease/tasklease/taskkey"
 )
 
 // faults runs the fault schedule for dur: runners SIGKILLed (the cron
@@ -37,6 +41,7 @@ func (h *harness) faults(dur time.Duration, long bool) {
 	nextLeader := start.Add(3 * time.Second)
 	leaderEvery := max(30*time.Second, dur/8)
 	nextRandom := start.Add(time.Duration(1500+h.rng.IntN(1500)) * time.Millisecond)
+	burstAt, burstDone := start.Add(dur/5), len(h.bursts) == 0
 	var lastCont time.Time // the end of the latest SIGSTOP or CLIENT PAUSE
 	pendingOcc := ""       // a fan-out left unfinished by a killed leader
 	for time.Now().Before(end) {
@@ -51,6 +56,10 @@ func (h *harness) faults(dur time.Duration, long bool) {
 			lastUp = h.outages[len(h.outages)-1].up
 		}
 		switch {
+		case !burstDone && !now.Before(burstAt) && now.After(lastCont.Add(2*time.Second)):
+			h.execBurst()
+			burstDone = true
+			nextRandom = time.Now().Add(2 * time.Second)
 		case next < len(planned) && !now.Before(faultAt(next)) && now.After(lastCont.Add(2*time.Second)) &&
 			(resumed || now.After(faultAt(next).Add(10*time.Second))):
 			h.redisFault(planned[next])
@@ -231,4 +240,64 @@ func (h *harness) redisFault(kind string) {
 	h.epochs = append(h.epochs, &epoch{start: h.seedSubjects()})
 	h.logf("Redis fault %s: serving again after %v; subjects seeded again in %v",
 		kind, serving.Round(time.Millisecond), time.Since(o.up).Round(time.Millisecond))
+}
+
+// execBurst makes the burst job's stages live at once (Options.ExecBurst),
+// waits until nine in ten run (at most 15 s), and SIGKILLs the runner
+// holding most of them: its supervisors must clean up hundreds of stages at
+// once without starving the other runners (kill checks that nothing of it
+// is left after 5 s; the checks at the end, that no lease was broken).
+func (h *harness) execBurst() {
+	n, cur := len(h.bursts), h.current()
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			for i := w; i < n; i += 8 {
+				sent := time.Now()
+				var res jobs.SubmitResult
+				if _, err := h.post(cur[i%len(cur)].url+taskPath(h.bursts[i], burstScope)+"/runs", `{"source":"manual"}`, &res); err != nil {
+					h.errs.Add(1)
+					continue
+				}
+				h.acc.submit(taskkey.MustNew(h.bursts[i], burstScope), sent, res)
+				h.submits.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	// Strike when nine in ten run, or when their number stopped growing for
+	// a second (on a loaded host the first ones end before the last start).
+	deadline := time.Now().Add(15 * time.Second)
+	var victim *runnerProc
+	held, running, best, grew := 0, 0, 0, time.Now()
+	for {
+		perRunner := map[string]int{}
+		for _, m := range scanMarked(h.nonce, true) { // one scan for every runner
+			if m.cmdline == "sleep 5" {
+				perRunner[m.marker]++
+			}
+		}
+		victim, held, running = nil, 0, 0
+		for _, p := range h.current() {
+			c := perRunner[p.marker]
+			running += c
+			if c > held {
+				victim, held = p, c
+			}
+		}
+		if running > best {
+			best, grew = running, time.Now()
+		}
+		if running >= n*9/10 || (running > 0 && time.Since(grew) > time.Second) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if victim == nil {
+		h.note("exec burst: none of %d stages started within 15s", n)
+		return
+	}
+	h.burstRunning, h.burstHeld = running, held
+	h.logf("exec burst: %d of %d stages running, %s#%d holds %d: SIGKILL", running, n, victim.id, victim.inc, held)
+	h.kill(victim)
 }

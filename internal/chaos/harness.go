@@ -25,6 +25,7 @@ const (
 	keyPrefix    = "tasklease"
 	bulkScope    = "bulk"
 	syncScope    = "sync"
+	burstScope   = "burst"
 	historyCap   = 2000
 	partitions   = 2
 	syncN        = 12 // subjects of the sync job
@@ -56,37 +57,38 @@ type stopSpan struct {
 
 // harness is one run: what it started, what it did, what it found.
 type harness struct {
-	t                      redistest.T
-	logfn                  func(format string, args ...any)
-	seed                   int64
-	rng                    *rand.Rand // fault schedule; main goroutine only
-	dir, bin, execLog      string
-	cfgCron, cfgPlain      string
-	nonce                  string
-	topo                   topology
-	rdb                    redis.UniversalClient
-	ks                     *keyspace.Space
-	rec                    *recorder
-	http                   *http.Client // the load's and the checker's: a stopped runner must not hang them
-	viol                   violations
-	bulk, syncs            []string
-	keys                   []taskkey.Key
-	ids                    []string
-	outages                []outage // the Redis faults, in order (main goroutine, then the checks)
-	epochs                 []*epoch
-	bg                     sync.WaitGroup
-	t0                     time.Time
-	stateKey, leaderKey    string
-	recentKey              string // the schedule's recent fan-outs (archived states)
-	kills, leaderKills     atomic.Int64
-	midFanOut, stops, errs atomic.Int64
-	graceful, descSeen     atomic.Int64
-	goneMax                atomic.Int64 // longest wait for a dead runner's processes to go (ns)
-	submits, cancels       atomic.Int64
-	fgs, pauses            atomic.Int64
-	pauseSpans             []pauseSpan // the sync scope's pauses (check 8), under mu
-	logsKept               string      // where the logs were copied, once they were
-	acc                    acceptLog   // the load's accepted submits and cancels (check 6)
+	t                       redistest.T
+	logfn                   func(format string, args ...any)
+	seed                    int64
+	rng                     *rand.Rand // fault schedule; main goroutine only
+	dir, bin, execLog       string
+	cfgCron, cfgPlain       string
+	nonce                   string
+	topo                    topology
+	rdb                     redis.UniversalClient
+	ks                      *keyspace.Space
+	rec                     *recorder
+	http                    *http.Client // the load's and the checker's: a stopped runner must not hang them
+	viol                    violations
+	bulk, syncs, bursts     []string
+	keys                    []taskkey.Key
+	ids                     []string
+	outages                 []outage // the Redis faults, in order (main goroutine, then the checks)
+	epochs                  []*epoch
+	bg                      sync.WaitGroup
+	t0                      time.Time
+	stateKey, leaderKey     string
+	recentKey               string // the schedule's recent fan-outs (archived states)
+	kills, leaderKills      atomic.Int64
+	midFanOut, stops, errs  atomic.Int64
+	graceful, descSeen      atomic.Int64
+	goneMax                 atomic.Int64 // longest wait for a dead runner's processes to go (ns)
+	burstRunning, burstHeld int          // the exec burst: stages running when it was struck, on the killed runner
+	submits, cancels        atomic.Int64
+	fgs, pauses             atomic.Int64
+	pauseSpans              []pauseSpan // the sync scope's pauses (check 8), under mu
+	logsKept                string      // where the logs were copied, once they were
+	acc                     acceptLog   // the load's accepted submits and cancels (check 6)
 
 	mu      sync.Mutex
 	runners map[string]*runnerProc
@@ -156,6 +158,10 @@ func newHarness(t redistest.T, opts Options, topo topology) (*harness, error) {
 	for i := range syncN {
 		h.syncs = append(h.syncs, fmt.Sprintf("s%02d", i))
 		h.keys = append(h.keys, taskkey.MustNew(h.syncs[i], syncScope))
+	}
+	for i := range max(opts.ExecBurst, 0) {
+		h.bursts = append(h.bursts, fmt.Sprintf("b%03d", i))
+		h.keys = append(h.keys, taskkey.MustNew(h.bursts[i], burstScope))
 	}
 	return h, nil
 }
@@ -310,6 +316,7 @@ func (h *harness) run(opts Options) (Report, error) {
 		},
 		RefusedStale: byOutcome[recRefusedArrival] + byOutcome[recRefusedCommit],
 		Occurrences:  occurrences, OccurrencesChecked: occChecked, Epochs: len(h.epochs),
+		BurstStages: h.burstRunning, BurstStagesOnKilled: h.burstHeld,
 		DescendantsSeen: int(h.descSeen.Load()),
 		GoneMaxSeconds:  time.Duration(h.goneMax.Load()).Round(time.Millisecond).Seconds(),
 		Requests:        len(reqs), Accepted: byOutcome[recAccepted],

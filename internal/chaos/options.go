@@ -31,6 +31,10 @@ const (
 	// occurrence makes ~200 runs live per partition.
 	KeysDefault = 400
 
+	// ExecBurstDefault is the exec stages of the burst (see
+	// Options.ExecBurst): with three runners, about 150 on the one killed.
+	ExecBurstDefault = 450
+
 	// TopologyDefault is one redis-server.
 	TopologyDefault = TopologySingle
 )
@@ -52,6 +56,13 @@ type Options struct {
 	// occurrence fans out to: Keys/2 runs per partition go live at once.
 	// Default KeysDefault.
 	Keys int
+
+	// ExecBurst is how many long exec stages (the burst job's, 5 s each,
+	// each leaving a daemon) are made live at once, a fifth into the run;
+	// the runner holding most of them is then SIGKILLed, and its stages'
+	// processes must be gone within 5 s while the others keep their
+	// leases. Default ExecBurstDefault; negative: no burst.
+	ExecBurst int
 
 	// Seed drives every random choice: the fault schedule, the load, the
 	// recorder's hold times. A run with the same Seed, Keys and Runners
@@ -84,6 +95,7 @@ func (o Options) withDefaults() Options {
 	o.Duration = cmp.Or(o.Duration, DurationDefault)
 	o.Runners = cmp.Or(o.Runners, RunnersDefault)
 	o.Keys = cmp.Or(o.Keys, KeysDefault)
+	o.ExecBurst = cmp.Or(o.ExecBurst, ExecBurstDefault)
 	o.Topology = cmp.Or(o.Topology, TopologyDefault)
 	if o.Seed == 0 {
 		o.Seed = time.Now().UnixNano()

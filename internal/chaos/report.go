@@ -70,8 +70,12 @@ type Report struct {
 	// DescendantsSeen is the processes of exec stages alive when their
 	// runner died; GoneMaxSeconds the longest wait for a dead runner's
 	// processes to go.
-	DescendantsSeen int     `json:"descendantsSeen"`
-	GoneMaxSeconds  float64 `json:"goneMaxSeconds"`
+	DescendantsSeen int `json:"descendantsSeen"`
+	// BurstStages is the exec burst's stages running when the runner
+	// holding most of them (BurstStagesOnKilled) was SIGKILLed.
+	BurstStages         int     `json:"burstStages"`
+	BurstStagesOnKilled int     `json:"burstStagesOnKilled"`
+	GoneMaxSeconds      float64 `json:"goneMaxSeconds"`
 
 	// The recorder (the bulk job's fencing downstream).
 	Requests             int   `json:"requests"`
@@ -141,6 +145,7 @@ func (r Report) Summary() []string {
 			kills, leader, k[FaultSigkillLeaderMidFanOut], k[FaultSigstopPastTTL], k[FaultGracefulStop], k[FaultClientPause],
 			k[FaultRedisRestartKeepData], k[FaultRedisRestartEmpty], k[FaultFailover],
 			r.DescendantsSeen, seconds(r.GoneMaxSeconds)),
+		fmt.Sprintf("exec burst: %d stages running, %d of them on the runner SIGKILLed then", r.BurstStages, r.BurstStagesOnKilled),
 		fmt.Sprintf("recorder: %d requests, accepted %d, refused stale %d (on arrival %d, at commit %d), aborted by the runner %d, without a Tasklease-Key header %d; peak live per partition %v",
 			r.Requests, r.Accepted, r.RefusedStale, r.RefusedOnArrival, r.RefusedAtCommit, r.Aborted, r.NoKeyHeader, r.PeakLivePerPartition),
 		fmt.Sprintf("exec: %d stage executions, %d overlapping ones explained by a SIGSTOP, a CLIENT PAUSE or a Redis fault",
