@@ -78,11 +78,13 @@ func (r *Runner) claimNext(next []nextEntry) (*localRun, claimResult) {
 		lr := r.newLocalRun(n.e)
 		c := n.claim
 		if c == nil {
-			claims, err := r.claim(r.workCtx, n.e.p, []entry{n.e})
+			// Not cancelled when the grace ends (granting): a run granted
+			// then is handed back by execute, not left to its lease.
+			cctx, cancel := granting(r.workCtx, r.cfg.LeaseTTL)
+			claims, err := r.claim(cctx, n.e.p, []entry{n.e})
+			cancel()
 			if err != nil {
-				if r.workCtx.Err() == nil {
-					r.log.Warn("claim failed; the entry will be reclaimed", slog.String("task_key", n.e.key.String()), slog.Any("error", err))
-				}
+				r.log.Warn("claim failed; the entry will be reclaimed", slog.String("task_key", n.e.key.String()), slog.Any("error", err))
 				lr.end()
 				continue
 			}
