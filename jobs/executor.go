@@ -20,10 +20,11 @@ const (
 	resultHandback  = "handback"  // shutdown: release, keep the checkpoint, re-queue
 )
 
-// localRun is an entry's run on this runner, from before its claim: its
-// context, which a registry cancel cancels, and its registration for
-// cancel messages (made before the claim, so a cancel published while the
-// claim is in flight is not missed).
+// localRun is an entry's run on this runner: its context, which a
+// registry cancel cancels, and its registration for cancel messages (made
+// before the reclaimer's claim; after the read or finish that claimed a
+// run, where a message that came first is remembered: see track), so a
+// cancel published while the claim is in flight is not missed.
 type localRun struct {
 	e       entry
 	ctx     context.Context

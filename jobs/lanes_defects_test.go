@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -201,5 +202,139 @@ func TestClaimOfNextRunInFlightAtGraceEndIsHandedBack(t *testing.T) {
 				t.Errorf("u2|other: %s (%s), stage ran %d times; want done, run once", v.Status, v.LastError, c.get("u2/push"))
 			}
 		})
+	}
+}
+
+// afterGrant is a go-redis hook that calls fn once, when the first reply
+// of script name that grants a lease (claim.lua's grant, in a read's or a
+// finish's reply) has come back, before the runner sees it.
+type afterGrant struct {
+	name string
+	once sync.Once
+	fn   func()
+}
+
+func (h *afterGrant) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *afterGrant) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		h.check(cmd)
+		return err
+	}
+}
+func (h *afterGrant) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			h.check(cmd)
+		}
+		return err
+	}
+}
+func (h *afterGrant) check(cmd redis.Cmder) {
+	args := cmd.Args()
+	c, ok := cmd.(*redis.Cmd)
+	if len(args) < 2 || !ok {
+		return
+	}
+	verb, body := fmt.Sprint(args[0]), fmt.Sprint(args[1])
+	script, _ := lua.ScriptOfFunction(body)
+	if !(verb == "evalsha" && body == lua.MustScript(h.name).Hash() || verb == "fcall" && script == h.name) {
+		return
+	}
+	res, _ := c.Slice()
+	for _, v := range res {
+		if one, _ := v.([]any); len(one) == 1 && strings.HasPrefix(replyString(one[0]), string(claimGranted)+histSep) {
+			h.once.Do(h.fn)
+			return
+		}
+	}
+}
+
+// TestCancelJustAfterClaimActsAtOnce: a cancel that lands after Redis
+// answered the read or finish that claimed a run, but before the runner
+// registered the run for cancel messages, must stop the run at once, not
+// at its first heartbeat (a third of the lease TTL: 10 s here).
+func TestCancelJustAfterClaimActsAtOnce(t *testing.T) {
+	t.Parallel()
+	for _, path := range []string{"read_next", "finish"} {
+		for _, b := range redistest.Backends(t) {
+			t.Run(path+"/"+b.Name, func(t *testing.T) {
+				bg := context.Background()
+				target := "u1"
+				if path == "finish" {
+					target = "u2" // claimed by u1's finish
+				}
+				stage := HandlerFunc(func(ctx context.Context, run *Run) error {
+					if run.Subject() != target {
+						return nil
+					}
+					<-ctx.Done()
+					return context.Cause(ctx)
+				})
+				job := Job{Scope: "sync", Stages: []Stage{{Name: "pull", Handler: stage}}}
+				admin := newEnv(t, b.Client, Config{Prefix: "cj", Partitions: 1, Jobs: []Job{job}})
+				handled := make(chan string, 16)
+				var answer CancelOutcome
+				rc := redis.NewClient(b.Client.(*redis.Client).Options())
+				t.Cleanup(func() { _ = rc.Close() })
+				rc.AddHook(&afterGrant{name: path, fn: func() {
+					var err error
+					if answer, err = admin.reg.Cancel(bg, target, "sync"); err != nil {
+						t.Error(err)
+						return
+					}
+					// The runner has handled the message before it sees
+					// the claim.
+					for p := range handled {
+						if strings.HasPrefix(p, target+"|sync ") {
+							return
+						}
+					}
+				}})
+				e := newEnv(t, rc, Config{Prefix: "cj", Partitions: 1, Jobs: []Job{job}})
+				clSubmit(t, e.reg, "u1", "sync", SourceManual, "")
+				if path == "finish" {
+					clSubmit(t, e.reg, "u2", "sync", SourceManual, "")
+				}
+				rn, err := NewRunner(e.reg, RunnerConfig{ID: "cj", Concurrency: 1, FetchBatch: 1, LeaseTTL: 30 * time.Second,
+					FetchBlock: 50 * time.Millisecond})
+				if err != nil {
+					t.Fatal(err)
+				}
+				rn.testHooks.cancelHandled = func(p string) { handled <- p }
+				ctx, stop := context.WithCancel(bg)
+				done := make(chan error, 1)
+				go func() { done <- rn.Run(ctx) }()
+				t.Cleanup(func() { stop(); <-done })
+				v := e.waitStatus(target, "sync", 3*time.Second, StatusCancelled, StatusDone, StatusFailed)
+				if v.Status != StatusCancelled || answer != CancelCancelling {
+					t.Errorf("%s|sync: %s, cancel answered %q; want cancelled at once after cancelling", target, v.Status, answer)
+				}
+			})
+		}
+	}
+}
+
+// TestUnmatchedCancelsAreBounded: the cancels remembered for runs not yet
+// registered expire after the window and are capped in number.
+func TestUnmatchedCancelsAreBounded(t *testing.T) {
+	u := newUnmatchedCancels(time.Minute)
+	u.max = 3
+	t0 := time.Now()
+	for i, id := range []string{"a", "b", "c", "d"} {
+		u.add(id, t0.Add(time.Duration(i)*time.Second))
+	}
+	if u.has("a") || !u.has("b") || !u.has("d") || len(u.at) != 3 {
+		t.Errorf("after 4 adds with a cap of 3: a %v b %v d %v, %d kept; want a forgotten, b and d kept, 3", u.has("a"), u.has("b"), u.has("d"), len(u.at))
+	}
+	u.add("e", t0.Add(2*time.Minute))
+	if len(u.at) != 1 || len(u.order) != 1 {
+		t.Errorf("%d kept (%d in order) after the window passed, want 1", len(u.at), len(u.order))
+	}
+	old := newUnmatchedCancels(time.Second)
+	old.add("x", time.Now().Add(-2*time.Second))
+	if old.has("x") {
+		t.Error("a cancel older than the window still matches")
 	}
 }
