@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tasklease/tasklease/internal/keyspace"
 	"github.com/tasklease/tasklease/internal/redistest"
 	"github.com/tasklease/tasklease/lua"
 	"github.com/tasklease/tasklease/taskkey"
@@ -336,5 +337,56 @@ func TestUnmatchedCancelsAreBounded(t *testing.T) {
 	old.add("x", time.Now().Add(-2*time.Second))
 	if old.has("x") {
 		t.Error("a cancel older than the window still matches")
+	}
+}
+
+// TestDrainLeavesALiveOlderRunnersEntry: an older runner of a rolling
+// deploy holds a request of its stream with a 9 s lease, refreshing the
+// entry every 3 s; the entry is idle past this runner's reclaim idle (1 s)
+// but its holder is alive. The drain must leave it pending — stream and
+// group kept, so the older runner's next heartbeat finds them — while it
+// takes the entry of a runner that died (no lease left).
+func TestDrainLeavesALiveOlderRunnersEntry(t *testing.T) {
+	t.Parallel()
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			c := &counter{}
+			e := newEnv(t, b.Client, Config{Prefix: "dl", Partitions: 1, Jobs: []Job{clJob("course_sync", Stage{Name: "pulling", Handler: c})}})
+			clSubmit(t, e.reg, "live", "course_sync", SourceSchedule, "")
+			clSubmit(t, e.reg, "dead", "course_sync", SourceSchedule, "")
+			legacyQueue(t, b.Client, e.reg, 0)
+			bulk := e.reg.ks.LegacyStream(0, keyspace.LaneBulk)
+			read := func(consumer string) string {
+				res, err := b.Client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: keyspace.LegacyGroup, Consumer: consumer,
+					Streams: []string{bulk, ">"}, Count: 1}).Result()
+				if err != nil || len(res) != 1 || len(res[0].Messages) != 1 {
+					t.Fatalf("read by %s: %v %v", consumer, res, err)
+				}
+				return res[0].Messages[0].ID
+			}
+			liveID := read("old/live00")
+			read("old/dead00")
+			// The live holder's claim: the record running under its lease.
+			k := taskkey.MustNew("live", "course_sync")
+			if err := b.Client.HSet(ctx, e.reg.ks.Task(k), "status", "running", "owner", "old/live00", "token", "7", "attempt", "1").Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Client.Set(ctx, e.reg.ks.Lease(k), "7|old/live00", 9*time.Second).Err(); err != nil {
+				t.Fatal(err)
+			}
+			b.Advance(1500 * time.Millisecond) // both entries idle past the new runner's reclaim idle, not the lease
+
+			e.startRunner(RunnerConfig{ID: "dl-new", LeaseTTL: time.Second, ReclaimInterval: 20 * time.Millisecond})
+			e.waitStatus("dead", "course_sync", 10*time.Second, StatusDone)
+			pend, err := b.Client.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: bulk, Group: keyspace.LegacyGroup,
+				Start: "-", End: "+", Count: 10}).Result()
+			if err != nil || len(pend) != 1 || pend[0].ID != liveID || pend[0].Consumer != "old/live00" {
+				t.Fatalf("pending in the legacy stream: %v (%v); want only the live holder's entry %s, still its own", pend, err, liveID)
+			}
+			if n := c.get("live/pulling"); n != 0 {
+				t.Errorf("the live holder's run ran %d times here, want 0", n)
+			}
+		})
 	}
 }
