@@ -20,10 +20,11 @@ const (
 	resultHandback  = "handback"  // shutdown: release, keep the checkpoint, re-queue
 )
 
-// localRun is an entry's run on this runner, from before its claim: its
-// context, which a registry cancel cancels, and its registration for
-// cancel messages (made before the claim, so a cancel published while the
-// claim is in flight is not missed).
+// localRun is an entry's run on this runner: its context, which a
+// registry cancel cancels, and its registration for cancel messages (made
+// before the reclaimer's claim; after the read or finish that claimed a
+// run, where a message that came first is remembered: see track), so a
+// cancel published while the claim is in flight is not missed.
 type localRun struct {
 	e       entry
 	ctx     context.Context
@@ -78,11 +79,13 @@ func (r *Runner) claimNext(next []nextEntry) (*localRun, claimResult) {
 		lr := r.newLocalRun(n.e)
 		c := n.claim
 		if c == nil {
-			claims, err := r.claim(r.workCtx, n.e.p, []entry{n.e})
+			// Not cancelled when the grace ends (granting): a run granted
+			// then is handed back by execute, not left to its lease.
+			cctx, cancel := granting(r.workCtx, r.cfg.LeaseTTL)
+			claims, err := r.claim(cctx, n.e.p, []entry{n.e})
+			cancel()
 			if err != nil {
-				if r.workCtx.Err() == nil {
-					r.log.Warn("claim failed; the entry will be reclaimed", slog.String("task_key", n.e.key.String()), slog.Any("error", err))
-				}
+				r.log.Warn("claim failed; the entry will be reclaimed", slog.String("task_key", n.e.key.String()), slog.Any("error", err))
 				lr.end()
 				continue
 			}

@@ -205,12 +205,20 @@ func (r *Runner) fetchLoop(ctx context.Context, p int) {
 	}
 }
 
+// granting returns the context of a call that may grant this runner
+// leases (a read, a claim): not cancelled with ctx, bounded by d. A call
+// cancelled in flight may still be sent and granted, and its reply would
+// be dropped with the leases held until they expired — then the runs
+// count a crashed attempt. Instead every granted run is started, and a
+// stopping runner hands it back at once (execute).
+func granting(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), d)
+}
+
 // read runs a read_next.lua call taking up to n entries of partition p.
-// Not cancelled with ctx: runs the call claims must be started (a stopping
-// runner hands them back after the grace), not left to wait out their
-// lease.
+// Not cancelled with ctx (granting).
 func (r *Runner) read(ctx context.Context, p, n int) ([]nextEntry, error) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseTTL)
+	rctx, cancel := granting(ctx, r.cfg.LeaseTTL)
 	defer cancel()
 	sent := time.Now()
 	res, err := evalOne(rctx, r.reg.gc, r.readCall(p, n))
@@ -244,7 +252,7 @@ var errReadNotRun = errors.New("jobs: the read sent with the wait did not run")
 func (r *Runner) waitAndRead(ctx context.Context, p int, bell, blockSeconds string) ([]nextEntry, error) {
 	// Not cancelled with ctx (see read); go-redis does not interrupt a
 	// blocked read on cancellation anyway, so shutdown waits for the wait.
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.FetchBlock+r.cfg.LeaseTTL)
+	rctx, cancel := granting(ctx, r.cfg.FetchBlock+r.cfg.LeaseTTL)
 	defer cancel()
 	call := r.readCall(p, 1)
 	cmd := r.reg.gc.ScriptCmd(rctx, call.script.Hash(), call.keys, call.args...)
@@ -285,17 +293,26 @@ func (r *Runner) startTaken(next []nextEntry, n int) {
 
 // claimAndStart claims entries of partition p in one script and starts
 // each granted run in its own goroutine. The caller holds a slot per entry;
-// the slots of entries not granted are released here.
+// the slots of entries not granted are released here. Once ctx (taking
+// work) has ended it claims nothing and hands the entries back; a claim
+// already sent is not cancelled with ctx (granting): what it was granted
+// is started, and handed back by execute.
 func (r *Runner) claimAndStart(ctx context.Context, p int, es []entry) {
+	if ctx.Err() != nil {
+		r.handBackEntries(ctx, es)
+		r.release(len(es))
+		return
+	}
 	runs := make([]*localRun, len(es))
 	for i, e := range es {
 		runs[i] = r.newLocalRun(e)
 	}
-	claims, err := r.claim(ctx, p, es)
+	cctx, cancel := granting(ctx, r.cfg.LeaseTTL)
+	defer cancel()
+	claims, err := r.claim(cctx, p, es)
 	if err != nil {
-		if ctx.Err() == nil {
-			r.log.Warn("claim failed; the entries will be reclaimed", slog.Int("partition", p), slog.Any("error", err))
-		} else {
+		r.log.Warn("claim failed; the entries will be reclaimed", slog.Int("partition", p), slog.Any("error", err))
+		if ctx.Err() != nil {
 			r.handBackEntries(ctx, es)
 		}
 		for _, lr := range runs {

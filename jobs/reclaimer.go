@@ -36,12 +36,20 @@ func (r *Runner) reclaimPartition(ctx context.Context, p int) bool {
 	keys := append(append(make([]string, 0, 6), ks.QueueKeys(p)...),
 		ks.LegacyStream(p, keyspace.LaneBulk), ks.LegacyStream(p, keyspace.LanePeople))
 	for round := range reclaimMaxRounds {
+		if ctx.Err() != nil { // stopping: what a round took was handed back
+			return false
+		}
 		n := r.tryAcquire(r.cfg.FetchBatch)
 		if n == 0 {
 			return false
 		}
-		res, err := r.reg.scripts.reclaim.Run(ctx, r.reg.gc, keys, n, r.reclaimIdle.Milliseconds(),
+		// Not cancelled with ctx (granting): the entries it takes are
+		// handed back at once when the runner is stopping (claimAndStart),
+		// not left for a reclaim idle time.
+		rctx, cancel := granting(ctx, r.cfg.LeaseTTL)
+		res, err := r.reg.scripts.reclaim.Run(rctx, r.reg.gc, keys, n, r.reclaimIdle.Milliseconds(),
 			keyspace.LegacyGroup, drainConsumer, boolFlag(round == 0)).Slice()
+		cancel()
 		if err != nil {
 			r.release(n)
 			if ctx.Err() == nil {

@@ -172,9 +172,10 @@ type Runner struct {
 		waitRead func(p, n int)
 	}
 
-	mu     sync.Mutex
-	active map[string]map[*context.CancelCauseFunc]struct{} // cancelID (key + run) → cancels of local claims/runs
-	wg     sync.WaitGroup
+	mu        sync.Mutex
+	active    map[string]map[*context.CancelCauseFunc]struct{} // cancelID (key + run) → cancels of local claims/runs
+	unmatched unmatchedCancels                                 // cancel messages that found no local run, for track
+	wg        sync.WaitGroup
 }
 
 // NewRunner validates cfg and returns a Runner for reg's jobs.
@@ -185,10 +186,10 @@ func NewRunner(reg *Registry, cfg RunnerConfig) (*Runner, error) {
 	if err := cfg.normalize(); err != nil {
 		return nil, err
 	}
-	reclaimIdle := cfg.LeaseTTL
+	reclaimIdle, longestTTL := cfg.LeaseTTL, cfg.LeaseTTL
 	for _, j := range reg.jobs {
 		ttl := cmp0(j.LeaseTTL, cfg.LeaseTTL)
-		reclaimIdle = min(reclaimIdle, ttl)
+		reclaimIdle, longestTTL = min(reclaimIdle, ttl), max(longestTTL, ttl)
 		if err := (leasing.KeeperConfig{TTL: ttl}).Validate(); err != nil {
 			return nil, fmt.Errorf("job %s: %w", j.Scope, err)
 		}
@@ -202,6 +203,10 @@ func NewRunner(reg *Registry, cfg RunnerConfig) (*Runner, error) {
 		execStarts: make(chan struct{}, cfg.ExecStarts),
 		presence:   newPresence(cfg.PresenceInterval, cfg.Version),
 		active:     make(map[string]map[*context.CancelCauseFunc]struct{}),
+		// A claim's reply comes back within its call's bound (a lease TTL,
+		// plus FetchBlock for a read sent with a wait), and the run is
+		// registered right after.
+		unmatched: newUnmatchedCancels(longestTTL + cfg.FetchBlock),
 	}
 	r.readConf, r.finishConf = r.confArgs()
 	return r, nil

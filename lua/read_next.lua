@@ -3,7 +3,8 @@
 -- go to people's requests before bulk work (lib/queues.lua read_lanes), and claim
 -- each for this runner in the same call (lib/claiming.lua claim_entry, with this
 -- runner's definition of the entry's job; a job it does not define is
--- answered 'foreign'). A run picked up by an idle runner thus costs one
+-- answered 'foreign' and left, taken and reclaimable at once, to a runner
+-- that defines it). A run picked up by an idle runner thus costs one
 -- call after the bell wakes it. (Blocking pops cannot run in a script; an
 -- idle runner blocks on the partition's bell, then calls this.)
 -- KEYS[1] the partition's bulk lane: its hash tag (tag_of) names the
@@ -52,7 +53,13 @@ for i = 1, #taken do
   local run_id, key, scope, source = entry_parts(e)
   if run_id then -- tasklease's entry (the caller drops others)
     local d = defs[scope]
-    local stages, max_attempts, ttl = '', '1', '0'
+    -- A job this runner does not define is answered foreign (or busy, or
+    -- ended by its cancel flag), never granted: the lease claim_entry takes
+    -- before deciding is dropped in this call, so any valid TTL does. The
+    -- reclaim idle is one: a TTL of 0 made SET raise and the whole call
+    -- abort after the entries before it were granted, leaving their leases
+    -- to expire unstarted.
+    local stages, max_attempts, ttl = '', '1', cf[2]
     if d then stages, max_attempts, ttl = cf[d + 1], cf[d + 2], cf[d + 3] end
     out[#out + 1] = claim_in_slot(c, tag, e, run_id, key, source, ttl, '', stages, max_attempts)
   end

@@ -8,17 +8,21 @@
 -- With ARGV[5] = '1' it first drains the legacy request streams of the
 -- partition (versions before request lists) into the lanes: entries no
 -- runner of an older version read yet, and pending ones idle past the
--- reclaim idle time (their older holder died); a drained stream with
--- nothing pending is deleted, group and all. So the requests of older
--- runners in a rolling deploy are served by this version, and a fresh
--- install never has a stream.
+-- reclaim idle time whose run holds no lease (their older holder died: a
+-- live one renews the lease, under its own TTL, and keeps its entry); a
+-- drained stream with nothing pending is deleted, group and all. So the
+-- requests of older runners in a rolling deploy are served by this
+-- version, and a fresh install never has a stream.
 -- KEYS[1..4] the partition's queue keys (lib/queues.lua queue_at)
 -- KEYS[5] legacy bulk request stream   KEYS[6] legacy people request stream
 -- ARGV[1] n   ARGV[2] reclaim idle (ms)   ARGV[3] legacy consumer group
 -- ARGV[4] consumer name for drained entries   ARGV[5] '1': drain the legacy streams
 -- returns the entries taken
+-- A pending entry's run's lease key, "<tag>:lease:<task key>", is derived
+-- from the stream's hash tag (as finish.lua derives keys): in its slot.
 -- Cost: ZRANGEBYSCORE, TIME, ZADD for what it takes; the drain two EXISTS
--- while no legacy stream is left.
+-- while no legacy stream is left (while one is, per pending entry idle
+-- past the reclaim idle, up to 4n, an XRANGE and an EXISTS of its lease).
 local q = queue_at(KEYS, 1)
 local now = now_ms()
 local idle = tonum(ARGV[2])
@@ -35,7 +39,8 @@ end
 local function drain(stream, lane, n)
   if rcall('EXISTS', stream) == 0 then return end
   local group, consumer = ARGV[3], ARGV[4]
-  local pend = redis.pcall('XPENDING', stream, group, 'IDLE', idle, '-', '+', n)
+  -- (more than n: some may be live holders' and left)
+  local pend = redis.pcall('XPENDING', stream, group, 'IDLE', idle, '-', '+', 4 * n)
   if type(pend) == 'table' and pend.err then -- no group: nobody consumed it
     for _, m in ipairs(rcall('XRANGE', stream, '-', '+', 'COUNT', n)) do
       move_legacy(lane, m)
@@ -44,10 +49,26 @@ local function drain(stream, lane, n)
     if rcall('XLEN', stream) == 0 then rcall('DEL', stream) end
     return
   end
-  local msgs = {}
-  if #pend > 0 then
-    local ids = {}
-    for i, p in ipairs(pend) do ids[i] = p[1] end
+  -- A pending entry is dead only when its holder's own lease could have
+  -- expired: an older runner refreshes its entry every third of its
+  -- job's lease TTL, which may be longer than this runner's reclaim idle,
+  -- so idle time alone would take (and acknowledge, and delete with the
+  -- stream and group) a live holder's entry, failing its next heartbeat.
+  -- The entries whose run's lease is live are left pending.
+  local msgs, ids = {}, {}
+  for _, p in ipairs(pend) do
+    local m = rcall('XRANGE', stream, p[1], p[1])[1]
+    local f = m and m[2] or {}
+    local key = nil
+    for i = 1, #f, 2 do
+      if f[i] == 'key' then key = f[i + 1] end
+    end
+    if not key or rcall('EXISTS', tag_of(stream) .. ':lease:' .. key) == 0 then
+      ids[#ids + 1] = p[1]
+      if #ids == n then break end
+    end
+  end
+  if #ids > 0 then
     msgs = rcall('XCLAIM', stream, group, consumer, idle, unpk(ids))
   end
   local fresh = rcall('XREADGROUP', 'GROUP', group, consumer, 'COUNT', n, 'STREAMS', stream, '>')
