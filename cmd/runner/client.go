@@ -238,6 +238,13 @@ func eventDetail(e jobs.Event) string {
 	if e.FencingToken > 0 {
 		add("token", strconv.FormatInt(e.FencingToken, 10))
 	}
+	// a coalesced event stands for Count requests (the API's count, lastAt)
+	if e.Count > 1 {
+		parts = append(parts, "×"+strconv.Itoa(e.Count))
+		if e.LastAt != nil {
+			parts = append(parts, "(last "+e.LastAt.Local().Format("15:04:05.000")+")")
+		}
+	}
 	return strings.Join(parts, " ")
 }
 
