@@ -256,7 +256,8 @@ type SubmitResult struct {
 // Submit routes a request for subject|scope through the registry in one
 // Lua script: if no run is active one is created and queued; otherwise the
 // conflict policy decides (join, skip, queue, replace). The result carries
-// the task's view, e.g. the running run a request joined. Invalid input
+// the task's view, e.g. the running run a request joined, and the run that
+// serves the request (RunID), under which its history records it. Invalid input
 // returns a typed error (taskkey.ErrInvalid, ErrUnknownScope,
 // ErrInvalidSource, ErrInvalidPolicy) and writes nothing.
 func (r *Registry) Submit(ctx context.Context, subject, scope string, opts SubmitOptions) (SubmitResult, error) {
