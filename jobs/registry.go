@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -242,14 +243,21 @@ type SubmitOptions struct {
 
 // SubmitResult is the registry's answer to a request.
 type SubmitResult struct {
-	Outcome Outcome  `json:"outcome"`
-	Task    TaskView `json:"task"`
+	Outcome Outcome `json:"outcome"`
+	// RunID is the run that serves the request: the run it started or
+	// joined, or for queued and replaced the follow-up, whose id is fixed
+	// when the first request queues it (Task still shows the active run).
+	// Empty when the request was skipped or throttled. Follow this run to
+	// know how the request ended.
+	RunID string   `json:"runId,omitempty"`
+	Task  TaskView `json:"task"`
 }
 
 // Submit routes a request for subject|scope through the registry in one
 // Lua script: if no run is active one is created and queued; otherwise the
 // conflict policy decides (join, skip, queue, replace). The result carries
-// the task's view, e.g. the running run a request joined. Invalid input
+// the task's view, e.g. the running run a request joined, and the run that
+// serves the request (RunID), under which its history records it. Invalid input
 // returns a typed error (taskkey.ErrInvalid, ErrUnknownScope,
 // ErrInvalidSource, ErrInvalidPolicy) and writes nothing.
 func (r *Registry) Submit(ctx context.Context, subject, scope string, opts SubmitOptions) (SubmitResult, error) {
@@ -290,9 +298,10 @@ func (r *Registry) submit(ctx context.Context, k taskkey.Key, job *Job, opts Sub
 		return SubmitResult{}, fmt.Errorf("jobs: submit %s: %w", k, req.err)
 	}
 	out := SubmitResult{Outcome: Outcome(req.outcome), Task: req.taskView()}
+	out.RunID = req.servedBy(out.Task)
 	r.metrics.requests.WithLabelValues(scope, string(opts.Source), string(out.Outcome)).Inc()
 	r.log.LogAttrs(ctx, slog.LevelDebug, "request",
-		slog.String("task_key", k.String()), slog.String("run_id", out.Task.RunID),
+		slog.String("task_key", k.String()), slog.String("run_id", cmp.Or(out.RunID, out.Task.RunID)),
 		slog.String("source", string(opts.Source)), slog.String("outcome", string(out.Outcome)))
 	return out, nil
 }

@@ -33,9 +33,10 @@ type submitReq struct {
 	maxAttempts int
 	minInterval int64  // ms
 	traceparent string // the submit span's context, when tracing is on
-	// results, set by flushSubmits
-	outcome, view string
-	err           error
+	// results, set by flushSubmits; served is the follow-up's id that
+	// submit.lua names after a queued or replaced outcome
+	outcome, view, served string
+	err                   error
 }
 
 // flushSubmits sends reqs and sets their results: one submit.lua call
@@ -77,7 +78,8 @@ func (r *Registry) flushSubmits(reqs []*submitReq) {
 				q.err = err
 				continue
 			}
-			q.outcome, q.view = replyString(res[2*j]), replyString(res[2*j+1])
+			q.outcome, q.served, _ = strings.Cut(replyString(res[2*j]), " ")
+			q.view = replyString(res[2*j+1])
 		}
 	}
 }
@@ -145,6 +147,21 @@ func (q *submitReq) taskView() TaskView {
 	vals[vfDone], vals[vfAttempt], vals[vfMaxAttempts] = "0", "0", strconv.Itoa(q.maxAttempts)
 	vals[vfSources], vals[vfRequestedAt], vals[vfUpdatedAt] = string(q.source), q.view, q.view
 	return viewFromValues(q.k.String(), q.k.Subject(), q.k.Scope(), vals[:])
+}
+
+// servedBy is the id of the run that serves the request: the run it
+// started or joined, or the follow-up it queued (or that replaces the
+// active run); none when it was skipped or throttled.
+func (q *submitReq) servedBy(v TaskView) string {
+	switch Outcome(q.outcome) {
+	case OutcomeStarted:
+		return q.runID
+	case OutcomeJoined:
+		return v.RunID
+	case OutcomeQueued, OutcomeReplaced:
+		return q.served
+	}
+	return ""
 }
 
 // viewFromReply builds the TaskView of k from submit.lua's encoded view:

@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -79,7 +80,8 @@ func (r *Registry) endSubmitSpan(ctx context.Context, span trace.Span, k taskkey
 		span.SetStatus(codes.Error, err.Error())
 		return
 	}
-	span.SetAttributes(attrRunID.String(res.Task.RunID), attrOutcome.String(string(res.Outcome)))
+	// the run that serves the request (a queued one's follow-up), else the active one
+	span.SetAttributes(attrRunID.String(cmp.Or(res.RunID, res.Task.RunID)), attrOutcome.String(string(res.Outcome)))
 	if res.Outcome != OutcomeStarted && res.Outcome != OutcomeJoined {
 		return
 	}

@@ -30,7 +30,10 @@
 --          record, passed instead of read
 -- ARGV[11] (only when tracing is on) the follow-up run id, which names
 --          KEYS[3]; without it a follow-up's id is derived from the ended
---          run's (lib/claiming.lua claim_ending)
+--          run's (lib/claiming.lua claim_ending). Both serve only a
+--          follow-up queued by a version without followUpRunId: the id its
+--          first request fixed wins, and its links are named from KEYS[2]
+--          (lib/runs.lua finish_terminal)
 -- returns {1, status after}   {0, ''} not held   {-1, ''} ARGV[5] is not the
 -- current stage — each followed by the entries taken. When the call takes
 -- one entry and it is a run of the same job, the call also claims it for
@@ -41,7 +44,7 @@
 -- exception to "every key in KEYS" with the partition's keys, in the slot
 -- of the declared keys.
 -- Cost of a done run: HMGET of 10 fields (a retry or hand-back reads 3
--- more, a follow-up's start 3 more), TIME, DEL lease (which also tells
+-- more, a follow-up's start 4 more), TIME, DEL lease (which also tells
 -- whether it is held), ZREM taken, HSET,
 -- RPUSH (the stage and the result events together), PEXPIRE x2, EXISTS
 -- watch (of watch and paused keys together when it takes an entry); the read

@@ -35,7 +35,11 @@
 --   stamp, or none, then VIEW_FIELDS US-separated, see view_stamp and
 --   view_reply; for started, only the server time in ms: the caller knows
 --   the rest)
---   outcome: started | joined | queued | skipped | replaced | throttled
+--   outcome: started | joined | queued | skipped | replaced | throttled;
+--   queued and replaced are followed by a space and the id of the run
+--   that serves the request, the follow-up (fixed by the request that
+--   queued it, lib/submitting.lua follow_up_run; its own id when the
+--   replace started it here)
 -- Cost: a repeated join or skip is one HMGET of 6 fields and one HSET of a
 -- counter (the view comes from the record's cache, see submit_fast; plus
 -- TIME once per call); a new run is that HMGET, XADD, HSET, RPUSH, ZADD
@@ -76,7 +80,9 @@ for i = 1, #KEYS / kr do
     a.stages, a.max_attempts = ssub(req, i1 + 1, i2 - 1), ssub(req, i2 + 1, i3 - 1)
     a.min_interval = small_num(ssub(req, i3 + 1, i4 and i4 - 1 or -1))
     if traced then a.links_next, a.links_new, a.tp = KEYS[k + 1], KEYS[k + 2], ssub(req, i4 + 1) end
-    outcome, view = submit_one(a, vals)
+    local served
+    outcome, view, served = submit_one(a, vals)
+    if served then outcome = outcome .. ' ' .. served end
   end
   if not view then view = '\30' .. view_reply(nil, rcall('HMGET', task, unpk(VIEW_FIELDS)), 0) end
   out[#out + 1] = outcome

@@ -104,7 +104,7 @@ func cmdClient(ctx context.Context, cmd string, args []string, stdout, stderr io
 	case "submit":
 		source = fs.String("source", "manual", "schedule, foreground, manual or retry")
 		policy = fs.String("policy", "", "join, skip, queue or replace (default: the job's)")
-		wait = fs.Bool("wait", false, "follow the run's stages until it ends; exit 1 if it fails")
+		wait = fs.Bool("wait", false, "follow the run that serves the request (for queue and replace, the follow-up) until it ends; exit 1 if it fails or is cancelled")
 	case "tasks":
 		status = fs.String("status", "", "filter by status")
 		scope = fs.String("scope", "", "filter by scope")
@@ -238,6 +238,13 @@ func eventDetail(e jobs.Event) string {
 	if e.FencingToken > 0 {
 		add("token", strconv.FormatInt(e.FencingToken, 10))
 	}
+	// a coalesced event stands for Count requests (the API's count, lastAt)
+	if e.Count > 1 {
+		parts = append(parts, "×"+strconv.Itoa(e.Count))
+		if e.LastAt != nil {
+			parts = append(parts, "(last "+e.LastAt.Local().Format("15:04:05.000")+")")
+		}
+	}
 	return strings.Join(parts, " ")
 }
 
@@ -286,8 +293,11 @@ func describe(v jobs.TaskView) string {
 	return b.String()
 }
 
-// wait follows the run a submit created or joined until it ends, printing
-// each change; exit 1 unless it ends done.
+// wait follows the run that serves the request until it ends, printing
+// each change; exit 1 unless it ends done. That run is res.RunID: the run
+// the request started or joined, or the follow-up it queued (or that
+// replaces the active run) — not whatever run holds the key next, which
+// may be a later request's.
 func (c *client) wait(ctx context.Context, subject, scope string, res jobs.SubmitResult, show func(jobs.TaskView)) error {
 	switch res.Outcome {
 	case jobs.OutcomeSkipped, jobs.OutcomeThrottled:
@@ -295,29 +305,35 @@ func (c *client) wait(ctx context.Context, subject, scope string, res jobs.Submi
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // ends the event stream and its goroutine
-	// For queued and replaced the run to follow is the next one.
-	first := res.Task.RunID
-	followNext := res.Outcome == jobs.OutcomeQueued || res.Outcome == jobs.OutcomeReplaced
-	isTarget := func(v jobs.TaskView) bool {
-		if followNext {
-			return v.RunID != first
-		}
-		return v.RunID == first
-	}
+	// a server without runId: the run its answer shows
+	target := cmp.Or(res.RunID, res.Task.RunID)
+	// a follow-up's requester waits behind this run
+	behind := res.Task.RunID
 	finished := func(v jobs.TaskView) (bool, error) {
-		if !followNext && v.RunID != "" && v.RunID != first {
-			// A newer run took our run's place in the record (the view of
-			// its end came before the stream, or was dropped): ours has
-			// ended, and the history says how.
-			return true, c.ended(ctx, subject, scope, first)
+		switch {
+		case v.RunID == target:
+			if v.Status.Active() || v.Status == jobs.StatusIdle {
+				return false, nil
+			}
+			if v.Status == jobs.StatusDone {
+				return true, nil
+			}
+			return true, &exitError{code: exitRunFailed, err: fmt.Errorf("run %s ended %s: %s", v.RunID, v.Status, v.LastError)}
+		case v.RunID == behind:
+			// The script that ends this run starts ours, so the record
+			// shows it ended only when a cancel dropped ours (the history
+			// says so).
+			if v.Status.Active() || v.FollowUpQueued {
+				return false, nil
+			}
+			return true, c.ended(ctx, subject, scope, target)
+		default:
+			// A newer run took ours' place in the record (the view of its
+			// end came before the stream, or the script that ended it
+			// started the next run at once): ours has ended, and the
+			// history says how.
+			return true, c.ended(ctx, subject, scope, target)
 		}
-		if !isTarget(v) || v.Status.Active() || v.Status == jobs.StatusIdle {
-			return false, nil
-		}
-		if v.Status == jobs.StatusDone {
-			return true, nil
-		}
-		return true, &exitError{code: exitRunFailed, err: fmt.Errorf("run %s ended %s: %s", v.RunID, v.Status, v.LastError)}
 	}
 
 	key := subject + "|" + scope

@@ -27,6 +27,7 @@ type submitBody struct {
 // contract's field names are visible next to the route.
 type submitResponse struct {
 	Outcome jobs.Outcome  `json:"outcome"`
+	RunID   string        `json:"runId,omitempty"`
 	Task    jobs.TaskView `json:"task"`
 }
 
@@ -44,7 +45,7 @@ func (a *api) submit(w http.ResponseWriter, r *http.Request) {
 	}
 	// 200 for every outcome, "started" included: the outcome field says
 	// what happened, so clients handle one success shape.
-	writeJSON(w, http.StatusOK, submitResponse{Outcome: res.Outcome, Task: res.Task})
+	writeJSON(w, http.StatusOK, submitResponse{Outcome: res.Outcome, RunID: res.RunID, Task: res.Task})
 }
 
 func (a *api) get(w http.ResponseWriter, r *http.Request) {

@@ -26,10 +26,13 @@ func TestSubmitAnswersOutcomeAndTaskView(t *testing.T) {
 	// Empty body: source manual, the job's policy (join).
 	r := e.do("POST", "/v1/tasks/u1/course_sync/runs", "")
 	mustStatus(t, r, http.StatusOK, "")
-	if len(r.body) != 2 || r.body["outcome"] != "started" {
-		t.Fatalf("want exactly {outcome: started, task}, got %s", r.raw)
+	if len(r.body) != 3 || r.body["outcome"] != "started" {
+		t.Fatalf("want exactly {outcome: started, runId, task}, got %s", r.raw)
 	}
 	v := checkTaskView(t, r.body["task"])
+	if r.body["runId"] != v["runId"] {
+		t.Fatalf("runId %v, want the run started, %v", r.body["runId"], v["runId"])
+	}
 	if v["key"] != "u1|course_sync" || v["subject"] != "u1" || v["scope"] != "course_sync" || v["status"] != "queued" {
 		t.Fatalf("view %v", v)
 	}

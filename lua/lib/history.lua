@@ -90,10 +90,22 @@ local function hist_request(hist, cap, now, event, run_id, source, outcome, c, n
 end
 
 -- co_fold writes the counts of the record's coalesced requests into their
--- history events (when an event was repeated) and deletes the fields.
-local function co_fold(task, hist, co_list)
+-- history events (when an event was repeated) and deletes the fields; with
+-- outcome, only those of that outcome (the rest stay listed in 'co').
+local function co_fold(task, hist, co_list, outcome)
   if not co_list or co_list == '' then return end
   local fields = split(co_list, ',')
+  local rest = nil
+  if outcome then
+    local sel, suffix = {}, ':' .. outcome
+    rest = {}
+    for i = 1, #fields do
+      local f = fields[i]
+      if ssub(f, -#suffix) == suffix then sel[#sel + 1] = f else rest[#rest + 1] = f end
+    end
+    if #sel == 0 then return end
+    fields = sel
+  end
   local all = {}
   for i = 1, #fields do
     all[i] = fields[i]
@@ -111,5 +123,10 @@ local function co_fold(task, hist, co_list)
       end
     end
   end
-  rcall('HDEL', task, 'co', unpk(all))
+  if rest and #rest > 0 then
+    rcall('HDEL', task, unpk(all))
+    rcall('HSET', task, 'co', table.concat(rest, ','))
+  else
+    rcall('HDEL', task, 'co', unpk(all))
+  end
 end

@@ -51,7 +51,7 @@ end
 -- FT_FIELDS are the record fields finish_terminal reads when its caller
 -- passes no record (ft_read).
 local FT_FIELDS = {'entry', 'runId', 'key', 'followUp', 'followUpSources', 'stages', 'maxAttempts',
-  'stage', 'owner', 'token', 'lane', 'co', 'cancel', 'nextAttemptAt', 'waiting', 'lastError', 'v'}
+  'stage', 'owner', 'token', 'lane', 'co', 'cancel', 'nextAttemptAt', 'waiting', 'lastError', 'v', 'followUpRunId'}
 
 -- ft_read reads fields (a list of names) of task into table r, by name:
 -- r[name] is the value, or nil when the field is absent.
@@ -65,7 +65,7 @@ local function ft_read(task, fields, r)
 end
 
 -- FT_FOLLOW_UP: the fields only the start of a queued follow-up reads.
-local FT_FOLLOW_UP = {'followUpSources', 'co', 'maxAttempts'}
+local FT_FOLLOW_UP = {'followUpSources', 'co', 'maxAttempts', 'followUpRunId'}
 
 -- finish_terminal ends the current run as done, failed or cancelled: it
 -- acknowledges its request, records the result, and starts the queued
@@ -84,12 +84,19 @@ local FT_FOLLOW_UP = {'followUpSources', 'co', 'maxAttempts'}
 -- (submit_one), which is what the console pre-selects by; the janitor
 -- re-scores a candidate whose record still exists, so an entry leaves at
 -- most two retentions after its request.
--- c: {task, q, hist, cap, retention, next_run_id (the follow-up's id:
---     '' starts none, nil derives one with follow_up_id),
+-- The follow-up's id is the one its first request fixed (followUpRunId,
+-- lib/submitting.lua follow_up_run): the requests it serves are logged
+-- under it and their requesters follow it. Its requests are in the
+-- history already; starting it appends none.
+-- c: {task, q, hist, cap, retention, next_run_id (the follow-up's id when
+--     the record has none fixed: '' starts none, nil derives one with
+--     follow_up_id),
 --     stages, max_attempts, now, extra (more record fields to write, or nil),
 --     links_from and links_to (or nil): the trace links of the requests
 --     queued behind the run become the follow-up's (a new run: nothing
---     else can have written its links yet)}
+--     else can have written its links yet); links_to names the links of
+--     next_run_id, and those of a fixed id are named from links_from
+--     (keyspace Links and FollowUpLinks: "...|next" and "...|<runId>")}
 local function finish_terminal(c, result, err, r, before)
   r = r or ft_read(c.task, FT_FIELDS)
   ack_entry(c.q, r.entry)
@@ -119,8 +126,13 @@ local function finish_terminal(c, result, err, r, before)
   rcall('HSET', c.task, unpk(fields))
   hist_push_after(c.hist, c.cap, before, hist_err(c.now, result, r.runId, r.stage, '', r.owner, r.token, err))
   if r.followUp == '1' and c.next_run_id ~= '' then
-    local next_run_id = c.next_run_id or follow_up_id(r.runId)
     if r.partial then ft_read(c.task, FT_FOLLOW_UP, r) end
+    local next_run_id, links_to = r.followUpRunId, c.links_to
+    if next_run_id and next_run_id ~= '' then
+      if c.links_from then links_to = ssub(c.links_from, 1, #c.links_from - 4) .. next_run_id end
+    else
+      next_run_id = c.next_run_id or follow_up_id(r.runId) -- queued by a version before followUpRunId
+    end
     local srcs = r.followUpSources
     local first = list_at(srcs, 1)
     if first == '' then first = 'manual' end
@@ -128,8 +140,7 @@ local function finish_terminal(c, result, err, r, before)
     if c.stages and c.stages ~= '' then stages, max_attempts = c.stages, c.max_attempts end
     new_run(c.task, c.q, c.hist, r.key, next_run_id, stages, max_attempts, srcs, first, c.now, true, r.co,
       result == 'done' and c.now or nil)
-    hist_push(c.hist, c.cap, hist_ev(c.now, 'requested', next_run_id, first, '', 'started'))
-    if c.links_from and rcall('EXISTS', c.links_from) == 1 then rcall('RENAME', c.links_from, c.links_to) end
+    if c.links_from and rcall('EXISTS', c.links_from) == 1 then rcall('RENAME', c.links_from, links_to) end
   elseif conf_num(c.retention) > 0 then
     rcall('PEXPIRE', c.task, c.retention)
     rcall('PEXPIRE', c.hist, c.retention)

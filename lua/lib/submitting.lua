@@ -147,6 +147,23 @@ local function follow_up_link(a, follow_up)
   if conf_num(a.retention) > 0 then rcall('PEXPIRE', a.links_next, a.retention) end
 end
 
+-- follow_up_run is the run id of the key's follow-up, which serves a queue
+-- or replace request: fixed by the request that queues it (its new run id,
+-- a.run_id) and kept in field followUpRunId, so that every request it
+-- serves is logged under it and its requester can follow it (the reply
+-- names it) — the finish that starts it takes this id (finish_terminal).
+-- A follow-up queued before the field existed (followUp '1' without it)
+-- is given one now. put writes a field in the caller's HSET.
+local function follow_up_run(r, a, put)
+  -- read here, not with SUBMIT_READ: joins, the common requests, do not pay for it
+  local id = r.followUp == '1' and rcall('HGET', a.task, 'followUpRunId')
+  if not id or id == '' then
+    id = a.run_id
+    put('followUpRunId', id)
+  end
+  return id
+end
+
 -- seen_subject adds a.key's subject to its scope's subjects ("subjects:
 -- all"): a.subjects and a.subject when the caller declared them
 -- (submit_many), else named from the partition tag a.tag (keyspace
@@ -167,7 +184,9 @@ end
 -- returns the outcome: started | joined | queued | skipped | replaced |
 -- throttled, or duplicate when occ_field already holds occ or a later
 -- occurrence (unix seconds) — this occurrence already reached the key, or a
--- newer one did; nothing is written.
+-- newer one did; nothing is written. Then the view (see submit.lua), and
+-- for queued and replaced the id of the follow-up that serves the request
+-- (follow_up_run).
 local function submit_one(a, vals)
   local task, hist, now, src = a.task, a.hist, a.now, a.source
   vals = vals or submit_read(task, src, a.policy, a.occ ~= '' and a.occ_field or '')
@@ -207,8 +226,9 @@ local function submit_one(a, vals)
     set[#set + 1] = v
     if r then r[f] = v end
   end
-  local function coalesce(event, outcome, c, n)
-    local f, v, new = hist_request(hist, a.cap, now, event, cur or '', src, outcome, c, n)
+  -- run: the run the request is logged under, the one that serves it
+  local function coalesce(event, outcome, c, n, run)
+    local f, v, new = hist_request(hist, a.cap, now, event, run, src, outcome, c, n)
     put(f, v)
     if new then put('co', list_add(r.co, f)) end
   end
@@ -219,10 +239,10 @@ local function submit_one(a, vals)
   local function seen()
     if src ~= 'schedule' then seen_subject(a, now) end
   end
-  local outcome
+  local outcome, served -- served: the follow-up's id for queued and replaced
   local changed = false -- whether the view changed (published only then)
   if not active then
-    coalesce('throttled', 'throttled', vals[3], vals[4])
+    coalesce('throttled', 'throttled', vals[3], vals[4], cur or '')
     outcome = 'throttled'
   elseif a.policy == 'join' then
     local srcs = list_add(r.sources, src)
@@ -231,7 +251,7 @@ local function submit_one(a, vals)
       seen()
       changed = true
     end
-    coalesce('joined', 'joined', vals[1], vals[2])
+    coalesce('joined', 'joined', vals[1], vals[2], cur)
     -- A person joining a queued bulk run promotes it to the people lane; a
     -- run parked by a paused scope (no entry) is re-queued there on resume.
     -- The bulk entry stays where it is (removing it from the middle of a
@@ -249,24 +269,27 @@ local function submit_one(a, vals)
     if changed then put('updatedAt', now) end
     outcome = 'joined'
   elseif a.policy == 'skip' then
-    coalesce('skipped', 'skipped', vals[1], vals[2])
+    coalesce('skipped', 'skipped', vals[1], vals[2], cur)
     outcome = 'skipped'
   elseif a.policy == 'queue' then
+    served = follow_up_run(r, a, put)
     follow_up_link(a, r.followUp)
     put('followUp', '1')
     put('followUpSources', list_add(r.followUpSources, src))
     put('updatedAt', now)
-    coalesce('requested', 'queued', vals[1], vals[2])
+    coalesce('requested', 'queued', vals[1], vals[2], served)
     outcome, changed = 'queued', true
   else
     -- replace: the active run is cancelled through the registry and a
     -- fresh run follows. A run nobody executes (queued, or waiting for its
     -- retry backoff) is ended here; a running one is flagged, and its
-    -- holder ends it as cancelled, which starts the follow-up.
-    hist_push(hist, a.cap, hist_ev(now, 'requested', cur, src, '', 'replaced'))
+    -- holder ends it as cancelled, which starts the follow-up. That run
+    -- also serves the requests queued before (their sources stay its).
+    served = follow_up_run(r, a, put)
+    hist_push(hist, a.cap, hist_ev(now, 'requested', served, src, '', 'replaced'))
     follow_up_link(a, r.followUp)
     put('followUp', '1')
-    put('followUpSources', src)
+    put('followUpSources', list_add(r.followUpSources, src))
     if status == 'running' then
       put('cancel', '1')
       put('updatedAt', now)
@@ -287,6 +310,6 @@ local function submit_one(a, vals)
   if changed then put('v', '') end -- the cached view (submit_fast)
   if #set > 0 then rcall('HSET', task, unpk(set)) end
   if changed then publish(a.part, task) end
-  if not r then return outcome end -- rewritten: the caller reads the view
-  return outcome, '\30' .. view_reply(r)
+  if not r then return outcome, nil, served end -- rewritten: the caller reads the view
+  return outcome, '\30' .. view_reply(r), served
 end
