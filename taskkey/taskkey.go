@@ -20,8 +20,10 @@ const Separator = "|"
 
 // Length limits of the two parts (DESIGN §1).
 const (
+	// MaxSubjectLen is the longest subject ValidateSubject accepts, in bytes.
 	MaxSubjectLen = 128
-	MaxScopeLen   = 64
+	// MaxScopeLen is the longest scope ValidateScope accepts, in bytes.
+	MaxScopeLen = 64
 )
 
 // ErrInvalid is wrapped by every validation error of this package.
@@ -29,11 +31,16 @@ var ErrInvalid = errors.New("invalid task key")
 
 // Error describes which part of a key is invalid and why.
 type Error struct {
-	Part   string // "key", "subject" or "scope"
-	Value  string
+	Part string // "key", "subject" or "scope"
+	// Value is the rejected input: the whole key, the subject or the scope
+	// (Error truncates it to 80 bytes in its message).
+	Value string
+	// Reason says what is wrong, e.g. "empty" or "must start with a
+	// lower-case letter".
 	Reason string
 }
 
+// Error implements error: "invalid task key: <part> <value>: <reason>".
 func (e *Error) Error() string {
 	return fmt.Sprintf("invalid task key: %s %q: %s", e.Part, truncate(e.Value, 80), e.Reason)
 }
