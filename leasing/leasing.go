@@ -57,18 +57,26 @@ var (
 
 // Limits of a lease.
 const (
-	TTLMin      = 10 * time.Millisecond
+	// TTLMin is the shortest lease TTL Acquire accepts; a shorter one is
+	// ErrConfig.
+	TTLMin = 10 * time.Millisecond
+	// OwnerMaxLen is the longest owner name Acquire accepts, in bytes; the
+	// owner must also not be empty.
 	OwnerMaxLen = 200
 )
 
 // HeldError is returned by Acquire when another owner holds the lease.
 type HeldError struct {
-	Key       taskkey.Key
-	Owner     string
+	// Key is the task key Acquire asked for.
+	Key taskkey.Key
+	// Owner is the current holder, as it named itself when it acquired.
+	Owner string
+	// Token is the current holder's fencing token.
 	Token     int64
 	Remaining time.Duration // lease time left, per Redis
 }
 
+// Error implements error, naming the holder, its token and the time left.
 func (e *HeldError) Error() string {
 	return fmt.Sprintf("leasing: %s held by %s (token %d, %s left)", e.Key, e.Owner, e.Token, e.Remaining)
 }
@@ -78,12 +86,17 @@ func (e *HeldError) Unwrap() error { return ErrHeld }
 
 // Lease is a granted lease. It is a value: renewing does not change it.
 type Lease struct {
-	Key   taskkey.Key
+	// Key is the task key the lease is on.
+	Key taskkey.Key
+	// Owner is the holder's name passed to Acquire; Renew and Release
+	// compare it with the one stored in Redis.
 	Owner string
 	// Token is the fencing token: strictly greater than every earlier
 	// grant's token for this key. Hand it to every side effect.
 	Token int64
-	TTL   time.Duration
+	// TTL is the lease's duration: granted for TTL, and each Renew extends
+	// it to TTL from then (by Redis time).
+	TTL time.Duration
 	// GrantedAt is the runner-local time the grant request was sent: the
 	// lease cannot end before GrantedAt+TTL by Redis time, so a Keeper
 	// measures its deadline from here.
