@@ -60,13 +60,19 @@ const (
 
 // Checkpoint is a run's progress as stored in Redis.
 type Checkpoint struct {
+	// RunID is the run the record belongs to. Begin with another run id
+	// starts a fresh record; writes naming another run id are refused.
 	RunID     string
 	Stages    []string // the run's ordered stages
 	Completed int      // Stages[:Completed] are done
 	Stage     string   // current stage ("" when none)
 	Cursor    []byte   // progress inside the current stage
-	Attempt   int
-	Owner     string
+	// Attempt counts the Begins of this run: 1 for the first holder, 2
+	// after one recovery, and so on.
+	Attempt int
+	// Owner is the lease owner that began the current attempt.
+	Owner string
+	// Token is that holder's fencing token.
 	Token     int64
 	StartedAt time.Time // Redis time
 	UpdatedAt time.Time // Redis time
@@ -79,6 +85,7 @@ func (c *Checkpoint) CompletedStages() []string {
 
 // Recovery says where a run continues.
 type Recovery struct {
+	// Mode is Restart, Resume or Skip.
 	Mode Mode
 	// StageIndex is the first stage to run (len(Stages) for Skip).
 	StageIndex int
