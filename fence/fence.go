@@ -15,7 +15,8 @@
 //     tasklease_fences table inside the caller's transaction. The row stays
 //     locked until the transaction ends, so the check and the caller's
 //     write commit together or not at all; a stale token returns ErrStale
-//     and the caller rolls back. Migrate creates the table.
+//     and the caller rolls back. MigratePgx (or MigrateSQL) creates the
+//     table.
 //   - Middleware guards an HTTP downstream: it reads the Tasklease-Key and
 //     Tasklease-Fencing-Token headers and answers 409 to a stale token,
 //     which a tasklease HTTP stage turns into a permanent stop. With
@@ -42,7 +43,9 @@ var ErrBadInput = errors.New("fence: bad key or token")
 
 // Headers a tasklease HTTP stage sends (DESIGN §4).
 const (
-	HeaderKey   = "Tasklease-Key"
+	// HeaderKey carries the run's task key, "<subject>|<scope>".
+	HeaderKey = "Tasklease-Key"
+	// HeaderToken carries the run's fencing token, a decimal integer.
 	HeaderToken = "Tasklease-Fencing-Token"
 )
 

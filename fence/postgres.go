@@ -37,6 +37,7 @@ RETURNING f.token`
 // write runs in; on a bare connection or pool the check commits on its
 // own and protects nothing.
 type PgxQuerier interface {
+	// QueryRow runs sql with args and returns its one row, as pgx does.
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
@@ -65,6 +66,8 @@ func CheckPgx(ctx context.Context, q PgxQuerier, key string, token int64) error 
 // satisfies it (and *sql.DB and *sql.Conn, which protect nothing: see
 // PgxQuerier). Any PostgreSQL driver works, e.g. pgx's stdlib.
 type SQLQuerier interface {
+	// QueryRowContext runs query with args and returns its one row, as
+	// database/sql does.
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
@@ -86,6 +89,7 @@ func CheckSQL(ctx context.Context, q SQLQuerier, key string, token int64) error 
 
 // PgxExecer runs the migration: *pgx.Conn, *pgxpool.Pool, pgx.Tx.
 type PgxExecer interface {
+	// Exec runs sql with args, as pgx does.
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
@@ -99,6 +103,7 @@ func MigratePgx(ctx context.Context, db PgxExecer) error {
 
 // SQLExecer runs the migration through database/sql: *sql.DB, *sql.Tx.
 type SQLExecer interface {
+	// ExecContext runs query with args, as database/sql does.
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
 

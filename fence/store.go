@@ -23,6 +23,7 @@ type Store interface {
 
 // PgxBeginner starts transactions: *pgxpool.Pool and *pgx.Conn satisfy it.
 type PgxBeginner interface {
+	// Begin starts a transaction, as pgx does.
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
@@ -31,6 +32,8 @@ type PgxBeginner interface {
 // context (TxFromContext); write's changes and the raised token commit
 // together, or roll back together when write fails or the token is stale.
 type PostgresStore struct {
+	// DB begins the transaction of each guarded write, e.g. a
+	// *pgxpool.Pool. Its database needs the table MigratePgx creates.
 	DB PgxBeginner
 }
 
@@ -88,6 +91,7 @@ const RedisStoreTTLDefault = 7 * 24 * time.Hour
 // last-writer-safe downstreams; use PostgresStore when the write is in
 // PostgreSQL.
 type RedisStore struct {
+	// Client is the Redis that keeps the tokens.
 	Client redis.UniversalClient
 	// Prefix of the fence keys (default "tasklease-downstream").
 	Prefix string
