@@ -12,9 +12,13 @@ import (
 // ForegroundResult is the registry's answer for one scope of a foreground
 // request.
 type ForegroundResult struct {
-	Scope   string        `json:"scope"`
-	Outcome jobs.Outcome  `json:"outcome"`
-	Task    jobs.TaskView `json:"task"`
+	// Scope is the job the request was submitted for.
+	Scope string `json:"scope"`
+	// Outcome is what the registry did with it (started, joined, ...).
+	Outcome jobs.Outcome `json:"outcome"`
+	// Task is the task's view after the request, e.g. the running run it
+	// joined.
+	Task jobs.TaskView `json:"task"`
 }
 
 // Foreground submits subject's foreground request for scopes (or for every

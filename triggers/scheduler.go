@@ -59,8 +59,9 @@ const (
 	FanOutBatch = 500
 	// FanOutRetryMin and FanOutRetryMax bound the backoff between retries
 	// of a batch that failed on a Redis error; a fan-out retries while it
-	// still leads.
+	// still leads. FanOutRetryMin is the first wait; each retry doubles it.
 	FanOutRetryMin = 100 * time.Millisecond
+	// FanOutRetryMax caps the doubled wait between retries.
 	FanOutRetryMax = 5 * time.Second
 	// TermTTL is the expiry of the leadership term counter
 	// "<prefix>:cron:term" (refreshed by every new term). Terms stay

@@ -16,9 +16,11 @@ import (
 // cron, scope, subjects (a count or "all"), next occurrence, the last
 // occurrence fired and its fan-out progress, and the current leader.
 type ScheduleStatus struct {
-	Name     string        `json:"name"`
-	Cron     string        `json:"cron"`
-	Scope    string        `json:"scope"`
+	// Name, Cron and Scope are the schedule's, as configured (Schedule).
+	Name  string `json:"name"`
+	Cron  string `json:"cron"`
+	Scope string `json:"scope"`
+	// Subjects is the number of the schedule's explicit subjects, or "all".
 	Subjects SubjectsCount `json:"subjects"`
 	// NextOccurrence is the schedule's next occurrence after now (nil when
 	// it has none).
@@ -37,7 +39,9 @@ type ScheduleStatus struct {
 // SubjectsCount is a schedule's subjects: a count for an explicit list, or
 // "all". It marshals to a JSON number or the string "all".
 type SubjectsCount struct {
-	All   bool
+	// All is true for a "subjects: all" schedule (Count is then 0).
+	All bool
+	// Count is the length of an explicit subject list.
 	Count int
 }
 
@@ -66,6 +70,7 @@ func (c *SubjectsCount) UnmarshalJSON(b []byte) error {
 // FanOutStatus is an occurrence's fan-out as recorded in Redis. Times are
 // Redis time (UTC).
 type FanOutStatus struct {
+	// Occurrence is the cron time the fan-out serves (whole seconds).
 	Occurrence time.Time `json:"occurrence"`
 	// Owner claimed the occurrence or last resumed it; Term is its
 	// leadership term, the only one allowed to advance the cursor.
@@ -74,7 +79,7 @@ type FanOutStatus struct {
 	// Submitted counts the requests the fan-out recorded; Duplicates the
 	// subjects found already reached (a batch re-sent after an error or a
 	// crash, a subject listed twice by ZSCAN). Neither makes a second
-	// request.
+	// request. Batches counts the batches recorded.
 	Submitted  int64 `json:"submitted"`
 	Duplicates int64 `json:"duplicates"`
 	Batches    int64 `json:"batches"`
@@ -87,6 +92,8 @@ type FanOutStatus struct {
 	Total      int `json:"total,omitempty"`
 	// Done: every subject was reached (or, with Abandoned, the fan-out was
 	// too old to resume). Resumes counts takeovers by a later term.
+	// StartedAt is the claim's time, UpdatedAt the last write's (a batch, a
+	// takeover), FinishedAt when Done was set (nil before).
 	Done       bool       `json:"done"`
 	Abandoned  bool       `json:"abandoned,omitempty"`
 	Resumes    int64      `json:"resumes"`
