@@ -46,9 +46,12 @@ func ParseListSort(s string) (ListSort, error) {
 
 // TaskPage is one page of List.
 type TaskPage struct {
+	// Tasks are the page's tasks, in the requested sort order.
 	Tasks []TaskView `json:"tasks"`
 	// Total counts every task matching the filter (the page is Tasks).
-	Total  int `json:"total"`
+	Total int `json:"total"`
+	// Offset and Limit are the page's position as applied: the
+	// ListOptions' after defaults and bounds.
 	Offset int `json:"offset"`
 	Limit  int `json:"limit"`
 	// Truncated: a partition's index held more than listScanMax keys; the
@@ -226,45 +229,56 @@ func (r *Registry) validateFilter(opts ListOptions) error {
 
 // Overview is what GET /v1/scopes answers: per scope, and the queues.
 type Overview struct {
+	// Scopes has one summary per registered job, sorted by scope.
 	Scopes []ScopeSummary `json:"scopes"`
-	Queue  QueueDepths    `json:"queue"`
+	// Queue is the depth of the request and retry queues.
+	Queue QueueDepths `json:"queue"`
 	// CountsTruncated: a partition's index held more than listScanMax
 	// keys; counts of older tasks are missing.
-	CountsTruncated bool      `json:"countsTruncated,omitempty"`
-	At              time.Time `json:"at"`
+	CountsTruncated bool `json:"countsTruncated,omitempty"`
+	// At is the Redis time the overview was taken.
+	At time.Time `json:"at"`
 }
 
 // QueueDepths are the requests in the partition queues (both lanes and the
 // entries runners took and have not finished) and in the retry queues.
 type QueueDepths struct {
 	Stream int64 `json:"stream"` // named when the queues were streams; kept for API clients
-	Retry  int64 `json:"retry"`
+	// Retry counts the runs waiting in the retry queues for their next
+	// attempt.
+	Retry int64 `json:"retry"`
 }
 
 // ScopeSummary is one job as the console shows it.
 type ScopeSummary struct {
+	// Scope, Stages and Policy are the job's: its scope, its stage names
+	// in order and its default conflict policy (Job.OnConflict).
 	Scope  string   `json:"scope"`
 	Stages []string `json:"stages"`
 	Policy Policy   `json:"policy"`
-	Paused bool     `json:"paused"`
+	// Paused: the scope is paused (Registry.Pause); its runs are not
+	// claimed until Resume.
+	Paused bool `json:"paused"`
 	// Counts by status of the tasks in the index (idle never appears;
 	// queued includes runs parked by a pause).
 	Counts map[Status]int `json:"counts"`
 	// LastHour and Throughput count the runs finished done or failed, as
 	// the runners of the last hour recorded them (FinishedCount).
+	// Throughput has one entry per minute of the last ThroughputMinutes,
+	// oldest first, the current minute last.
 	LastHour   FinishedTotals `json:"lastHour"`
 	Throughput []MinuteTotals `json:"throughput"`
 }
 
 // FinishedTotals counts finished runs.
 type FinishedTotals struct {
-	Done   int `json:"done"`
-	Failed int `json:"failed"`
+	Done   int `json:"done"`   // runs that ended done
+	Failed int `json:"failed"` // runs that ended failed
 }
 
 // MinuteTotals counts the runs finished in the minute starting at Minute.
 type MinuteTotals struct {
-	Minute time.Time `json:"minute"`
+	Minute time.Time `json:"minute"` // UTC, Redis time
 	FinishedTotals
 }
 
@@ -330,11 +344,15 @@ func (r *Registry) Overview(ctx context.Context) (Overview, error) {
 // CancelSummary is what CancelMatching did (or, dry, would do).
 type CancelSummary struct {
 	// Matched counts the active tasks (queued, running, retrying) matching.
-	Matched    int  `json:"matched"`
-	Cancelling int  `json:"cancelling"`
-	Cancelled  int  `json:"cancelled"`
-	NotRunning int  `json:"notRunning"`
-	Truncated  bool `json:"truncated,omitempty"`
+	Matched int `json:"matched"`
+	// Cancelling, Cancelled and NotRunning count the cancels by outcome
+	// (CancelCancelling, CancelCancelled, CancelNotRunning); all 0 when dry.
+	Cancelling int `json:"cancelling"`
+	Cancelled  int `json:"cancelled"`
+	NotRunning int `json:"notRunning"`
+	// Truncated: a partition's index held more than listScanMax keys;
+	// older tasks were not examined.
+	Truncated bool `json:"truncated,omitempty"`
 }
 
 // cancelParallel bounds the cancels CancelMatching has in flight.

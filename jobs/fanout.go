@@ -23,15 +23,18 @@ const submitManyChunk = 128
 // Occurrence gives each subject exactly one request for it, however often
 // the batch is retried.
 type Occurrence struct {
-	Schedule string
-	At       time.Time
+	Schedule string    // the schedule's name
+	At       time.Time // the occurrence's time (recorded in whole seconds)
 }
 
 // SubmitManyOptions qualify a SubmitMany batch. Zero values: source
 // manual, the job's conflict policy, no occurrence.
 type SubmitManyOptions struct {
-	Source     Source
-	Policy     Policy
+	Source Source // why the requests are made (default SourceManual)
+	Policy Policy // overrides the job's conflict policy when set
+	// Occurrence, when set, makes the batch one cron occurrence's: each
+	// subject gets one request for it however often the batch is sent
+	// (see SubmitMany).
 	Occurrence *Occurrence
 }
 

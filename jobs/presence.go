@@ -35,18 +35,28 @@ const (
 // time, except StartedAt, which is the runner's own clock corrected by its
 // offset from Redis.
 type RunnerInfo struct {
-	Owner       string    `json:"owner"`
-	ID          string    `json:"id"`
-	Version     string    `json:"version"`
-	Concurrency int       `json:"concurrency"`
-	Active      int       `json:"active"` // runs claimed or executing there; 0 once gone: a gone runner holds nothing
-	StartedAt   time.Time `json:"startedAt"`
+	// Owner is the runner's lease owner (Runner.Owner): ID and a suffix
+	// per process.
+	Owner string `json:"owner"`
+	// ID is the configured RunnerConfig.ID, e.g. the pod name.
+	ID string `json:"id"`
+	// Version is RunnerConfig.Version (by default the build's).
+	Version string `json:"version"`
+	// Concurrency is the runner's RunnerConfig.Concurrency.
+	Concurrency int `json:"concurrency"`
+	Active      int `json:"active"` // runs claimed or executing there; 0 once gone: a gone runner holds nothing
+	// StartedAt is when the runner started.
+	StartedAt time.Time `json:"startedAt"`
+	// HeartbeatAt is the runner's last refresh of its record.
 	HeartbeatAt time.Time `json:"heartbeatAt"`
 	// Alive: the runner refreshed its record within the last
 	// presenceMissed intervals and has not stopped.
-	Alive               bool       `json:"alive"`
-	HeartbeatAgeSeconds float64    `json:"heartbeatAgeSeconds"`
-	StoppedAt           *time.Time `json:"stoppedAt,omitempty"`
+	Alive bool `json:"alive"`
+	// HeartbeatAgeSeconds is how long before the listing HeartbeatAt was.
+	HeartbeatAgeSeconds float64 `json:"heartbeatAgeSeconds"`
+	// StoppedAt is when the runner stopped cleanly (Run returned); nil
+	// while it runs and after a crash.
+	StoppedAt *time.Time `json:"stoppedAt,omitempty"`
 	// Interval is how often the runner refreshes its record.
 	IntervalSeconds float64 `json:"intervalSeconds"`
 	// Finished counts the runs this runner finished per minute and scope,

@@ -32,9 +32,10 @@ const (
 	// RetentionDefault: finished records and their history expire after a
 	// week unless a new run starts.
 	RetentionDefault = 7 * 24 * time.Hour
-	// ListLimitDefault and ListLimitMax bound List.
+	// ListLimitDefault is List's page size when ListOptions.Limit is 0.
 	ListLimitDefault = 100
-	ListLimitMax     = 1000
+	// ListLimitMax caps ListOptions.Limit.
+	ListLimitMax = 1000
 	// HistoryLimitDefault is History's default page size.
 	HistoryLimitDefault = 50
 )
@@ -237,20 +238,22 @@ func (r *Registry) key(subject, scope string) (taskkey.Key, *Job, error) {
 // SubmitOptions qualify a request. Zero values: source manual, the job's
 // conflict policy.
 type SubmitOptions struct {
-	Source Source
-	Policy Policy
+	Source Source // why the request is made
+	Policy Policy // overrides the job's conflict policy when set
 }
 
 // SubmitResult is the registry's answer to a request.
 type SubmitResult struct {
+	// Outcome is what Submit did with the request: started, joined, ...
 	Outcome Outcome `json:"outcome"`
 	// RunID is the run that serves the request: the run it started or
 	// joined, or for queued and replaced the follow-up, whose id is fixed
 	// when the first request queues it (Task still shows the active run).
 	// Empty when the request was skipped or throttled. Follow this run to
 	// know how the request ended.
-	RunID string   `json:"runId,omitempty"`
-	Task  TaskView `json:"task"`
+	RunID string `json:"runId,omitempty"`
+	// Task is the task's view after the request.
+	Task TaskView `json:"task"`
 }
 
 // Submit routes a request for subject|scope through the registry in one
@@ -325,9 +328,9 @@ func (r *Registry) Get(ctx context.Context, subject, scope string) (TaskView, er
 
 // ListOptions filter List. Empty fields match everything.
 type ListOptions struct {
-	Status  Status
-	Scope   string
-	Subject string
+	Status  Status // keeps the tasks in this status
+	Scope   string // keeps one job's tasks
+	Subject string // keeps one subject's tasks
 	// SubjectPrefix keeps the subjects that start with it.
 	SubjectPrefix string
 	// Sort (default ListSortUpdated).

@@ -15,16 +15,18 @@ import (
 	"github.com/tasklease/tasklease/leasing"
 )
 
-// Runner defaults.
+// Runner defaults: the values a zero RunnerConfig field takes.
 const (
-	ConcurrencyDefault   = 16
-	LeaseTTLDefault      = 15 * time.Second
-	ShutdownGraceDefault = 10 * time.Second
-	FetchBlockDefault    = time.Second
-	FetchBatchDefault    = 16
-	RetryPollDefault     = 500 * time.Millisecond
+	ConcurrencyDefault   = 16                     // RunnerConfig.Concurrency
+	LeaseTTLDefault      = 15 * time.Second       // RunnerConfig.LeaseTTL
+	ShutdownGraceDefault = 10 * time.Second       // RunnerConfig.ShutdownGrace
+	FetchBlockDefault    = time.Second            // RunnerConfig.FetchBlock
+	FetchBatchDefault    = 16                     // RunnerConfig.FetchBatch
+	RetryPollDefault     = 500 * time.Millisecond // RunnerConfig.RetryPoll
 	// ExecStartsPerCPU × GOMAXPROCS is the default ExecStarts.
-	ExecStartsPerCPU      = 2
+	ExecStartsPerCPU = 2
+	// ReclaimIntervalMax caps the default ReclaimInterval,
+	// min(LeaseTTL/4, ReclaimIntervalMax).
 	ReclaimIntervalMax    = time.Second
 	redisErrorBackoffBase = 100 * time.Millisecond
 )

@@ -106,13 +106,13 @@ type Status string
 
 // Run statuses (DESIGN §5).
 const (
-	StatusIdle      Status = "idle"
-	StatusQueued    Status = "queued"
-	StatusRunning   Status = "running"
-	StatusRetrying  Status = "retrying"
-	StatusDone      Status = "done"
-	StatusFailed    Status = "failed"
-	StatusCancelled Status = "cancelled"
+	StatusIdle      Status = "idle"      // no run recorded (never requested, or its record expired)
+	StatusQueued    Status = "queued"    // requested, waiting for a runner (or parked by a pause)
+	StatusRunning   Status = "running"   // a runner holds the lease and executes it
+	StatusRetrying  Status = "retrying"  // an attempt failed; the next waits for its backoff
+	StatusDone      Status = "done"      // every stage completed
+	StatusFailed    Status = "failed"    // a permanent error or the last attempt failed
+	StatusCancelled Status = "cancelled" // cancelled before it ended
 )
 
 // Active reports whether a run in this status blocks a new one.
@@ -133,6 +133,7 @@ func ParseStatus(s string) (Status, error) {
 // is cancelled on lease loss, cancel, stage timeout and shutdown
 // (context.Cause tells which). A nil error completes the stage.
 type Handler interface {
+	// RunStage does the stage's work for run.
 	RunStage(ctx context.Context, run *Run) error
 }
 
@@ -152,11 +153,11 @@ type Stage struct {
 	Handler Handler
 }
 
-// Retry defaults.
+// Retry defaults: the values a zero RetryPolicy field takes.
 const (
-	MaxAttemptsDefault = 3
-	BackoffDefault     = time.Second
-	MaxBackoffDefault  = 5 * time.Minute
+	MaxAttemptsDefault = 3               // RetryPolicy.MaxAttempts
+	BackoffDefault     = time.Second     // RetryPolicy.Backoff
+	MaxBackoffDefault  = 5 * time.Minute // RetryPolicy.MaxBackoff
 )
 
 // RetryPolicy bounds and spaces the attempts of a run.

@@ -13,28 +13,51 @@ import (
 // stage pushing". Field names are the HTTP API's (DESIGN §5). Times are
 // Redis time, RFC 3339 UTC; nil when not set.
 type TaskView struct {
-	Key             string     `json:"key"`
-	Subject         string     `json:"subject"`
-	Scope           string     `json:"scope"`
-	RunID           string     `json:"runId"`
-	Status          Status     `json:"status"`
-	Stage           string     `json:"stage"`
-	Stages          []string   `json:"stages"`
-	CompletedStages []string   `json:"completedStages"`
-	Attempt         int        `json:"attempt"`
-	MaxAttempts     int        `json:"maxAttempts"`
-	Sources         []Source   `json:"sources"`
-	Owner           string     `json:"owner"`
-	FencingToken    int64      `json:"fencingToken"`
-	RequestedAt     *time.Time `json:"requestedAt"`
-	StartedAt       *time.Time `json:"startedAt"`
-	UpdatedAt       *time.Time `json:"updatedAt"`
-	FinishedAt      *time.Time `json:"finishedAt"`
-	NextAttemptAt   *time.Time `json:"nextAttemptAt"`
-	LastError       string     `json:"lastError"`
-	CanCancel       bool       `json:"canCancel"`
-	CancelRequested bool       `json:"cancelRequested"`
-	FollowUpQueued  bool       `json:"followUpQueued"`
+	// Key is the task key, "<subject>|<scope>"; Subject and Scope are its
+	// parts.
+	Key     string `json:"key"`
+	Subject string `json:"subject"`
+	Scope   string `json:"scope"`
+	// RunID is the current (or last) run; "" when the task is idle.
+	RunID string `json:"runId"`
+	// Status is the run's status; StatusIdle when there is none.
+	Status Status `json:"status"`
+	// Stage is the stage the run is at ("" before its first attempt and
+	// once it ended); Stages are all of the run's stages in order, and
+	// CompletedStages the leading ones done.
+	Stage           string   `json:"stage"`
+	Stages          []string `json:"stages"`
+	CompletedStages []string `json:"completedStages"`
+	// Attempt is the current attempt, from 1 (0 until the first starts);
+	// MaxAttempts is the run's limit (the job's RetryPolicy).
+	Attempt     int `json:"attempt"`
+	MaxAttempts int `json:"maxAttempts"`
+	// Sources are the sources of the requests the run serves, each once.
+	Sources []Source `json:"sources"`
+	// Owner is the lease owner (Runner.Owner) of the latest attempt, and
+	// FencingToken its fencing token; "" and 0 until the first attempt.
+	Owner        string `json:"owner"`
+	FencingToken int64  `json:"fencingToken"`
+	// RequestedAt is the run's first request; StartedAt the start of its
+	// first attempt; UpdatedAt its latest change; FinishedAt its end (done,
+	// failed or cancelled); NextAttemptAt, while retrying, when the next
+	// attempt is due.
+	RequestedAt   *time.Time `json:"requestedAt"`
+	StartedAt     *time.Time `json:"startedAt"`
+	UpdatedAt     *time.Time `json:"updatedAt"`
+	FinishedAt    *time.Time `json:"finishedAt"`
+	NextAttemptAt *time.Time `json:"nextAttemptAt"`
+	// LastError is the error of the run's latest failed attempt, or why it
+	// failed; a run that ends done clears it.
+	LastError string `json:"lastError"`
+	// CanCancel: the run is active and no cancel was requested yet.
+	CanCancel bool `json:"canCancel"`
+	// CancelRequested: a cancel was requested; the holder is stopping the
+	// run.
+	CancelRequested bool `json:"cancelRequested"`
+	// FollowUpQueued: a queue or replace request is waiting for this run
+	// to end; its follow-up run starts then.
+	FollowUpQueued bool `json:"followUpQueued"`
 	// Waiting says why a queued run is not being claimed, e.g. during a
 	// rolling deploy "waiting for a runner that defines stage pushing
 	// (pod-a/1f2e3d does not)"; empty otherwise.
@@ -172,20 +195,31 @@ func timeField(s string) *time.Time {
 // stage, progress, retry-scheduled, recovered, lease-lost, handed-back,
 // cancelled, done, failed.
 type Event struct {
-	At time.Time `json:"at"`
+	At time.Time `json:"at"` // Redis time
 	// Count is how many identical requests (same run, source and outcome)
 	// this event stands for: repeats are coalesced into the first one
 	// (DESIGN §3). LastAt is the time of the last of them.
-	Count        int        `json:"count"`
-	LastAt       *time.Time `json:"lastAt,omitempty"`
-	RunID        string     `json:"runId"`
-	Event        string     `json:"event"`
-	Source       string     `json:"source"`
-	Stage        string     `json:"stage"`
-	Outcome      string     `json:"outcome"`
-	Error        string     `json:"error"`
-	Owner        string     `json:"owner"`
-	FencingToken int64      `json:"fencingToken"`
+	Count  int        `json:"count"`
+	LastAt *time.Time `json:"lastAt,omitempty"`
+	// RunID is the run the event belongs to (for a queue or replace
+	// request, the follow-up that serves it).
+	RunID string `json:"runId"`
+	// Event is the event's name, e.g. "requested" or "stage".
+	Event string `json:"event"`
+	// Source is a request's source (for started and recovered, that of the
+	// request claimed); Stage is the stage the event concerns.
+	Source string `json:"source"`
+	Stage  string `json:"stage"`
+	// Outcome qualifies the event, e.g. a request's Outcome, "done" for a
+	// completed stage, "attempt 1 of 3" for a scheduled retry.
+	Outcome string `json:"outcome"`
+	// Error is the event's error: why an attempt was retried, or why the
+	// run failed or was cancelled.
+	Error string `json:"error"`
+	// Owner and FencingToken are those of the lease holder that wrote the
+	// event (empty and 0 when none did, e.g. for a request).
+	Owner        string `json:"owner"`
+	FencingToken int64  `json:"fencingToken"`
 }
 
 func eventFromFields(f map[string]any) Event {
