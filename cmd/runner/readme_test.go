@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,21 +25,31 @@ import (
 
 // The README's tour and walkthrough, run as a newcomer would run them: the
 // shell blocks marked <!-- readme-test: NAME --> are taken from README.md
-// verbatim, "go run ./cmd/X" runs a prebuilt X (a go on PATH that maps
-// it), and the ports the README names are swapped for free ones. A README
-// edit that breaks a command, a flag or an expected outcome fails here.
+// and docs/*.md verbatim, "go run ./cmd/X" runs a prebuilt X (a go on PATH
+// that maps it), and the ports the README names are swapped for free ones.
+// A README edit that breaks a command, a flag or an expected outcome fails
+// here.
 
-// readmeBlocks returns README.md's marked shell blocks by name.
+// readmeTestBlocks are the names of the marked blocks the tests below run.
+// A block marked with a name not listed here runs nowhere, and
+// TestDocsCommandBlocksAreRun (docs_test.go) fails on it, as it does on a
+// name listed here that no block is marked with.
+var readmeTestBlocks = []string{
+	"tour/serve", "tour/client", "tour/json", // TestREADMETour
+	"walkthrough/serve", "walkthrough/client", "walkthrough/trace", // TestREADMEWalkthrough
+}
+
+// readmeBlocks returns the marked shell blocks of README.md and docs/*.md
+// by name; a name marked twice fails the test.
 func readmeBlocks(t *testing.T) map[string]string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	blocks, err := markedBlocks(repoFS(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	marker := regexp.MustCompile("(?m)^<!-- readme-test: ([a-z/]+) -->\n```sh\n((?s:.*?))```")
 	out := map[string]string{}
-	for _, m := range marker.FindAllStringSubmatch(string(b), -1) {
-		out[m[1]] = m[2]
+	for name, b := range blocks {
+		out[name] = b.body
 	}
 	return out
 }
@@ -311,16 +322,29 @@ func readSpans(glob string) ([]stdoutSpan, error) {
 	return out, nil
 }
 
-// The README's upgrade clean-ups (redis-cli pipelines in Operations) delete
-// the keys older versions left and nothing else.
+// The upgrade clean-ups (redis-cli pipelines in CHANGELOG.md's upgrade
+// notes; README.md's Operations had them, docs/*.md may) delete the keys
+// older versions left and nothing else.
 func TestREADMEUpgradeCleanup(t *testing.T) {
-	b, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	fsys := repoFS(t)
+	files, err := commandDocs(fsys)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmds := regexp.MustCompile("`(redis-cli --scan [^`]*)`").FindAllStringSubmatch(string(b), -1)
+	var cmds [][]string // each [match, command], once per command
+	for _, f := range append(files, "CHANGELOG.md") {
+		b, err := fs.ReadFile(fsys, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range regexp.MustCompile("`(redis-cli --scan [^`]*)`").FindAllStringSubmatch(string(b), -1) {
+			if !slices.ContainsFunc(cmds, func(c []string) bool { return c[1] == m[1] }) {
+				cmds = append(cmds, m)
+			}
+		}
+	}
 	if len(cmds) != 2 {
-		t.Fatalf("want the README's two redis-cli clean-ups, found %d", len(cmds))
+		t.Fatalf("want the two redis-cli clean-ups of the upgrade notes, found %d: %q", len(cmds), cmds)
 	}
 	cli, err := exec.LookPath("redis-cli")
 	if err != nil {
