@@ -378,7 +378,8 @@ type soakSubmit struct {
 	source     Source
 	policy     Policy
 	outcome    Outcome
-	runID      string
+	runID      string // the run the answer shows (a queued request's: the run it waits behind)
+	servedBy   string // the run that serves the request (SubmitResult.RunID)
 	status     Status // of the run after the request
 	start, end time.Time
 }
@@ -900,7 +901,7 @@ func (st *soakTest) submitLoop(ctx context.Context) {
 		}
 		st.loadMu.Lock()
 		st.submits = append(st.submits, soakSubmit{key: k, source: src, policy: pol, outcome: res.Outcome,
-			runID: res.Task.RunID, status: res.Task.Status, start: start, end: end})
+			runID: res.Task.RunID, servedBy: res.RunID, status: res.Task.Status, start: start, end: end})
 		st.loadMu.Unlock()
 		_ = soakSleep(ctx, time.Duration(2+rng.IntN(14))*time.Millisecond)
 	}
@@ -1402,19 +1403,21 @@ func (st *soakTest) check(dur, drained time.Duration) {
 			violate("%s: %s request for run %s: the run never ended: %s", s.key, s.outcome, soakShortID(s.runID), strings.Join(r.events, " "))
 			continue
 		}
-		// A queued follow-up (queue, or replace of a running run) runs
-		// after the run unless someone cancelled the key meanwhile.
-		if s.outcome == OutcomeQueued || (s.outcome == OutcomeReplaced && s.status == StatusRunning) {
-			cancelled := false
-			for _, c := range cancels {
-				if c.key == s.key && c.outcome != CancelNotRunning && c.end.After(s.start) {
-					cancelled = true
-					break
+		// A queued follow-up (queue, or replace of a running run) is the
+		// run that serves the request: it is in the history under the id
+		// the answer named and ended too — done, failed, or cancelled
+		// (also when a cancel dropped it before it started).
+		if s.outcome == OutcomeQueued || s.outcome == OutcomeReplaced {
+			f := runs[s.servedBy]
+			switch {
+			case s.servedBy == "":
+				violate("%s: %s request on run %s: the answer names no run that serves it", s.key, s.outcome, soakShortID(s.runID))
+			case f == nil:
+				if !st.keyTrimmed(keyRuns[s.key.String()]) {
+					violate("%s: %s request: the run %s that serves it is not in the history", s.key, s.outcome, soakShortID(s.servedBy))
 				}
-			}
-			if !cancelled && !r.followedUp() && r.complete {
-				violate("%s: %s request on run %s: no follow-up run after it ended %s: %s",
-					s.key, s.outcome, soakShortID(s.runID), r.ended, strings.Join(r.events, " "))
+			case f.ended == "":
+				violate("%s: %s request: the run %s that serves it never ended: %s", s.key, s.outcome, soakShortID(s.servedBy), strings.Join(f.events, " "))
 			}
 		}
 	}
@@ -1476,11 +1479,6 @@ func (st *soakTest) keyTrimmed(rs map[string]*soakRun) bool {
 	return false
 }
 
-// followedUp: the run's terminal event was directly followed by the
-// creation of the next run (one script: finish_terminal + new_run).
-func (r *soakRun) followedUp() bool {
-	return r.events[len(r.events)-1] == r.ended+"+follow-up"
-}
 
 // checkHistory checks one key's history (oldest first) for legal order per
 // run (5), strictly increasing grant tokens (2) and at most one completion
@@ -1496,7 +1494,6 @@ func (st *soakTest) checkHistory(ks string, hist []Event, trimmed bool, violate 
 	grants := map[int64]soakGrant{}
 	var lastTok int64
 	var prev *Event
-	var prevRun *soakRun
 	for i := range hist {
 		ev := hist[i]
 		stats["ev "+ev.Event]++
@@ -1504,15 +1501,16 @@ func (st *soakTest) checkHistory(ks string, hist []Event, trimmed bool, violate 
 		if r == nil {
 			r = &soakRun{id: ev.RunID, doneTok: map[string]int64{}, doneOwner: map[string]string{},
 				progress: map[string]int64{}, cursorOf: map[int64]map[string]int64{}}
-			r.complete = ev.Event == "requested" && ev.Outcome == string(OutcomeStarted)
+			// A run begins with the request that created it, or — a
+			// follow-up, created when the run before it ends — with the
+			// queue or replace requests it serves, logged under its id as
+			// they come.
+			r.complete = ev.Event == "requested" && (ev.Outcome == string(OutcomeStarted) ||
+				ev.Outcome == string(OutcomeQueued) || ev.Outcome == string(OutcomeReplaced))
 			if !r.complete && !trimmed {
-				violate("%s: run %s begins with %s(%s), not its creation", ks, soakShortID(ev.RunID), ev.Event, ev.Outcome)
+				violate("%s: run %s begins with %s(%s), not its creation or a request it serves", ks, soakShortID(ev.RunID), ev.Event, ev.Outcome)
 			}
 			runs[ev.RunID] = r
-			// The follow-up of a run is created in the script that ends it.
-			if prev != nil && prevRun != nil && prevRun.ended != "" && prevRun.ended == prev.Event && r.complete {
-				prevRun.events = append(prevRun.events, prevRun.ended+"+follow-up")
-			}
 		}
 		name := ev.Event
 		if ev.Outcome != "" {
@@ -1614,7 +1612,7 @@ func (st *soakTest) checkHistory(ks string, hist []Event, trimmed bool, violate 
 		default:
 			bad("unexpected event")
 		}
-		prev, prevRun = &hist[i], r
+		prev = &hist[i]
 	}
 	return runs, grants
 }
