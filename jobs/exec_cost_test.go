@@ -3,7 +3,7 @@
 package jobs
 
 import (
-		"context"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -84,7 +84,9 @@ func TestExecStageCost(t *testing.T) {
 	// setsid daemon, as in TestExecSupervisedRunnerKilledMany.
 	deathWall, deathHost := killRunnerWithStages(t, n, bin)
 
-	per := func(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond)/float64(n)) }
+	per := func(d time.Duration) string {
+		return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond)/float64(n))
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d exec stages (`sleep 300`), supervisors hosted by the runner binary, %d CPUs:\n", n, runtime.NumCPU())
 	fmt.Fprintf(&b, "  processes per stage:        %.1f (supervisor + command)\n", float64(len(procs))/float64(n))

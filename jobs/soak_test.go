@@ -1479,7 +1479,6 @@ func (st *soakTest) keyTrimmed(rs map[string]*soakRun) bool {
 	return false
 }
 
-
 // checkHistory checks one key's history (oldest first) for legal order per
 // run (5), strictly increasing grant tokens (2) and at most one completion
 // per stage and run, in stage order (4). It returns the runs and the grants
