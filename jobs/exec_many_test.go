@@ -5,11 +5,9 @@ package jobs
 import (
 	"context"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -76,29 +74,8 @@ func TestExecSupervisedRunnerKilledMany(t *testing.T) {
 func killRunnerWithStages(t *testing.T, n int, supervisorBin string) (took, busy time.Duration) {
 	t.Helper()
 	mark := newExecMark(t)
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(exe, "-test.run=^TestExecSupervisedManyHelperProcess$", "-test.count=1")
-	cmd.Env = append(os.Environ(), execManyEnv+"="+strconv.Itoa(n), execHelperMarkEnv+"="+mark,
-		execManySupervisorEnv+"="+supervisorBin)
-	out := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.WaitDelay = time.Second
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-		if t.Failed() {
-			t.Logf("helper output:\n%s", out.String())
-		}
-	})
+	cmd, _, exited := startHelperRunner(t, "TestExecSupervisedManyHelperProcess",
+		execManyEnv+"="+strconv.Itoa(n), execHelperMarkEnv+"="+mark, execManySupervisorEnv+"="+supervisorBin)
 
 	// Supervisor, shell, sleep and daemon per stage.
 	want := 4 * n

@@ -265,29 +265,8 @@ func TestExecSupervisedHelperProcess(t *testing.T) {
 // dies within moments, before another runner could take the lease.
 func TestExecSupervisedRunnerKilled(t *testing.T) {
 	dir, mark := t.TempDir(), newExecMark(t)
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(exe, "-test.run=^TestExecSupervisedHelperProcess$", "-test.count=1")
-	cmd.Env = append(os.Environ(), execHelperEnv+"=1", execHelperMarkEnv+"="+mark, execHelperDirEnv+"="+dir)
-	out := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.WaitDelay = time.Second // the stage's processes share the pipe
-	// The helper never outlives the test.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-		if t.Failed() {
-			t.Logf("helper output:\n%s", out.String())
-		}
-	})
+	cmd, out, exited := startHelperRunner(t, "TestExecSupervisedHelperProcess",
+		execHelperEnv+"=1", execHelperMarkEnv+"="+mark, execHelperDirEnv+"="+dir)
 
 	deadline := time.Now().Add(30 * time.Second)
 	for !strings.Contains(out.String(), "started\n") {
@@ -324,6 +303,36 @@ func TestExecSupervisedRunnerKilled(t *testing.T) {
 		time.Sleep(2 * time.Millisecond)
 	}
 	t.Logf("runner SIGKILL to the last of %d stage processes dead: %v", len(before), time.Since(killed).Round(time.Millisecond))
+}
+
+// startHelperRunner runs this test binary's test helper as a separate
+// runner process with env added; it never outlives the test, and its output
+// is logged when the test fails. exited is closed once it was reaped.
+func startHelperRunner(t *testing.T, helper string, env ...string) (cmd *exec.Cmd, out *syncBuffer, exited chan struct{}) {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd = exec.Command(exe, "-test.run=^"+helper+"$", "-test.count=1")
+	cmd.Env = append(os.Environ(), env...)
+	out = &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.WaitDelay = time.Second // the stages' processes share the pipe
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited = make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+		if t.Failed() {
+			t.Logf("helper output:\n%s", out.String())
+		}
+	})
+	return cmd, out, exited
 }
 
 // The command's environment is exactly what it is without the supervisor,
