@@ -48,7 +48,7 @@ var (
 // Mode is a recovery decision.
 type Mode string
 
-// Recovery decisions (DESIGN §2.5).
+// Recovery decisions (docs/concepts.md).
 const (
 	// Restart: nothing was checkpointed; run every stage from the start.
 	Restart Mode = "restart"

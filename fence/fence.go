@@ -1,4 +1,4 @@
-// Package fence is the downstream half of tasklease's fencing (DESIGN §10):
+// Package fence is the downstream half of tasklease's fencing (docs/fencing.md):
 // a guard that accepts a write for task key K with fencing token T only if T
 // is at least the highest token it has accepted for K, atomically with the
 // write.
@@ -41,7 +41,7 @@ var ErrStale = errors.New("fence: stale fencing token")
 // that is not a positive integer).
 var ErrBadInput = errors.New("fence: bad key or token")
 
-// Headers a tasklease HTTP stage sends (DESIGN §4).
+// Headers a tasklease HTTP stage sends (docs/stages.md).
 const (
 	// HeaderKey carries the run's task key, "<subject>|<scope>".
 	HeaderKey = "Tasklease-Key"

@@ -27,7 +27,7 @@ const (
 	// HTTPFencingTokenHeader carries the run's fencing token.
 	HTTPFencingTokenHeader = "Tasklease-Fencing-Token"
 	// HTTPKeyHeader carries the run's task key, so a downstream guard can
-	// check the token without parsing the body (DESIGN §4, §10).
+	// check the token without parsing the body (docs/stages.md, §10).
 	HTTPKeyHeader = "Tasklease-Key"
 )
 

@@ -26,7 +26,7 @@ type janitorCounts struct{ subjects, index int64 }
 // janitorPass prunes every partition once: subjects not requested within
 // the retention and index entries of expired records. Everything
 // tasklease writes is thereby
-// bounded by live work or the retention (DESIGN §2.6).
+// bounded by live work or the retention (docs/concepts.md).
 func (r *Runner) janitorPass(ctx context.Context) {
 	var total janitorCounts
 	for p := range r.reg.ks.Partitions() {

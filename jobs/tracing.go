@@ -14,7 +14,7 @@ import (
 	"github.com/tasklease/tasklease/taskkey"
 )
 
-// Tracing (DESIGN §9), on when Config.TracerProvider is set: a span per
+// Tracing (docs/operations.md), on when Config.TracerProvider is set: a span per
 // submit; a span per run, linked to the submit span of every request that
 // started or joined it — the W3C trace context travels through Redis, in a
 // per-run list next to the run record, so the run's span links requests

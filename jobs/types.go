@@ -45,7 +45,7 @@ func Permanent(err error) error { return fmt.Errorf("%w: %w", ErrPermanent, err)
 // metrics and never takes part in deduplication.
 type Source string
 
-// Sources (DESIGN §1).
+// Sources (docs/concepts.md).
 const (
 	SourceSchedule   Source = "schedule"   // a cron schedule
 	SourceForeground Source = "foreground" // the app came to the foreground
@@ -66,7 +66,7 @@ func ParseSource(s string) (Source, error) {
 // (queued, running or retrying) run.
 type Policy string
 
-// Conflict policies (DESIGN §3).
+// Conflict policies (docs/policies.md).
 const (
 	// PolicyJoin merges the request into the active run and returns its view.
 	PolicyJoin Policy = "join"
@@ -91,7 +91,7 @@ func ParsePolicy(s string) (Policy, error) {
 // Outcome is what Submit did with a request.
 type Outcome string
 
-// Submit outcomes (DESIGN §3).
+// Submit outcomes (docs/policies.md).
 const (
 	OutcomeStarted   Outcome = "started"   // a new run was created
 	OutcomeJoined    Outcome = "joined"    // merged into the active run
@@ -104,7 +104,7 @@ const (
 // Status of a task's current (or last) run.
 type Status string
 
-// Run statuses (DESIGN §5).
+// Run statuses (docs/http-api.md).
 const (
 	StatusIdle      Status = "idle"      // no run recorded (never requested, or its record expired)
 	StatusQueued    Status = "queued"    // requested, waiting for a runner (or parked by a pause)

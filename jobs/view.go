@@ -10,7 +10,7 @@ import (
 )
 
 // TaskView is what users see of a task: "already running, started 14:03,
-// stage pushing". Field names are the HTTP API's (DESIGN §5). Times are
+// stage pushing". Field names are the HTTP API's (docs/http-api.md). Times are
 // Redis time, RFC 3339 UTC; nil when not set.
 type TaskView struct {
 	// Key is the task key, "<subject>|<scope>"; Subject and Scope are its
@@ -190,7 +190,7 @@ func timeField(s string) *time.Time {
 	return &t
 }
 
-// Event is one entry of a task's history (DESIGN §9), newest first in
+// Event is one entry of a task's history (docs/operations.md), newest first in
 // History. Event names: requested, joined, skipped, throttled, started,
 // stage, progress, retry-scheduled, recovered, lease-lost, handed-back,
 // cancelled, done, failed.
@@ -198,7 +198,7 @@ type Event struct {
 	At time.Time `json:"at"` // Redis time
 	// Count is how many identical requests (same run, source and outcome)
 	// this event stands for: repeats are coalesced into the first one
-	// (DESIGN §3). LastAt is the time of the last of them.
+	// (docs/policies.md). LastAt is the time of the last of them.
 	Count  int        `json:"count"`
 	LastAt *time.Time `json:"lastAt,omitempty"`
 	// RunID is the run the event belongs to (for a queue or replace

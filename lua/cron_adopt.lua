@@ -1,6 +1,6 @@
 -- cron_adopt: take over a schedule's unfinished fan-out under term ARGV[2]
 -- to resume it: the same leader after an error, or a successor after a
--- crash (DESIGN §8). From then on only ARGV[2] can advance it
+-- crash (docs/cron.md). From then on only ARGV[2] can advance it
 -- (cron_progress.lua), so a deposed leader that is still running cannot
 -- move the cursor. A fan-out that started more than ARGV[4] ms ago is not
 -- resumed: it is marked done and abandoned (the next occurrence covers its

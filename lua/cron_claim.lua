@@ -1,5 +1,5 @@
 -- cron_claim: claim one occurrence of a schedule and open its fan-out state
--- in one step (DESIGN §8). The fired key is the occurrence's idempotency
+-- in one step (docs/cron.md). The fired key is the occurrence's idempotency
 -- key (value: the claiming owner); the state hash is the fan-out's cursor,
 -- advanced only under the claimer's term (cron_progress.lua) and taken
 -- over by a newer leader to resume it (cron_adopt.lua). Both keys share the

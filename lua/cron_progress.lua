@@ -1,5 +1,5 @@
 -- cron_progress: record one fan-out batch and move the cursor past it,
--- fenced by the leadership term (DESIGN §8). The caller submits the batch
+-- fenced by the leadership term (docs/cron.md). The caller submits the batch
 -- first (SubmitMany with the occurrence) and records it after, so a crash
 -- in between re-submits the batch, which the occurrence answers
 -- 'duplicate'. Refused unless the state is still this occurrence's and

@@ -1,10 +1,10 @@
--- cron_term: open a new cron leadership term (DESIGN §8). Each runner that
+-- cron_term: open a new cron leadership term (docs/cron.md). Each runner that
 -- becomes the cron leader takes one; fan-out progress is fenced by it
 -- (cron_adopt.lua, cron_progress.lua). Terms only grow, even when Redis
 -- loses the counter (restart without persistence, failover to a lagging
 -- replica, a flush): a term is max(previous + 1, Redis TIME in
 -- microseconds), as the fencing tokens of lease_grant, so the counter may
--- expire (DESIGN §2.6). Terms stay below 2^53.
+-- expire (docs/concepts.md). Terms stay below 2^53.
 -- KEYS[1] term counter ("<prefix>:cron:term")
 -- ARGV[1] expiry of the counter (ms)
 -- returns the new term (an integer)

@@ -1,5 +1,5 @@
 -- janitor: bound one partition's bookkeeping by live work and retention
--- (DESIGN §2.6). Runners call it now and then; every step is idempotent.
+-- (docs/concepts.md). Runners call it now and then; every step is idempotent.
 --  * subjects: members not requested (by anything but a schedule) within
 --    the retention leave the scope's subject set.
 --  * index: a candidate whose record expired leaves the index; one whose

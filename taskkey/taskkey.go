@@ -18,7 +18,7 @@ import (
 // Separator joins subject and scope in a task key.
 const Separator = "|"
 
-// Length limits of the two parts (DESIGN §1).
+// Length limits of the two parts (docs/concepts.md).
 const (
 	// MaxSubjectLen is the longest subject ValidateSubject accepts, in bytes.
 	MaxSubjectLen = 128

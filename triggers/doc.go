@@ -1,13 +1,13 @@
 // Package triggers holds tasklease's entry points that are not a person
 // pressing a button: cron schedules and the foreground hook. Triggers only
-// submit requests through the jobs.Registry (DESIGN §1); they never execute
+// submit requests through the jobs.Registry (docs/concepts.md); they never execute
 // work, so a schedule that fires while a foreground sync is running joins
 // that run instead of starting a second one.
 //
 // # Cron without double firing
 //
 // Every runner builds a Scheduler from the same schedules and runs it
-// (DESIGN §8). Two independent mechanisms keep one occurrence from firing
+// (docs/cron.md). Two independent mechanisms keep one occurrence from firing
 // twice, and a third makes every subject of an occurrence get exactly one
 // request:
 //
@@ -69,18 +69,20 @@
 // key's TTL (max(FiredKeyTTLMin, 2 × the interval)) is not resumed but
 // abandoned (DecisionAbandoned, logged with its counts): the occurrences
 // since then cover its subjects. The state itself expires that long after
-// its last batch, so nothing outlives the schedule's activity (DESIGN §2.6).
+// its last batch, so nothing outlives the schedule's activity.
 // If a deploy changed the schedule's scope or subject list, a resumed
 // fan-out restarts from the beginning (the occurrence answers "duplicate"
 // for the subjects it already reached).
 //
-// Remaining window: the fence stops a deposed leader's cursor writes, and
-// every fan-out checks that it still leads before each batch, but a leader
-// that pauses between that check and its SubmitMany (longer than the
-// leader TTL) can still deliver that one batch of the old occurrence after
-// a successor moved on to a newer occurrence of the same schedule; the
-// subjects of that batch would then see the old occurrence a second time.
-// Fencing the submit itself needs the term inside the partition scripts.
+// A deposed leader's late batch: the fence stops its cursor writes, every
+// fan-out checks that it still leads before each batch, and the submit
+// script records the latest occurrence that reached each task key and
+// answers "duplicate" for that one or an older one. So a leader that pauses
+// between its check and its SubmitMany (longer than the leader TTL) cannot
+// give a subject a second request: a subject its successor's newer
+// occurrence already reached refuses the old batch, and one it did not
+// reach gets the old occurrence's one request, which it was owed.
+//
 // # Occurrences and catch-up
 //
 // Occurrences are computed locally with robfig/cron in

@@ -12,7 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// ScheduleStatus is one schedule as GET /v1/schedules shows it (DESIGN §5):
+// ScheduleStatus is one schedule as GET /v1/schedules shows it (docs/http-api.md):
 // cron, scope, subjects (a count or "all"), next occurrence, the last
 // occurrence fired and its fan-out progress, and the current leader.
 type ScheduleStatus struct {

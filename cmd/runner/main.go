@@ -19,7 +19,7 @@ import (
 	"github.com/tasklease/tasklease/jobs"
 )
 
-// Exit codes (DESIGN §6).
+// Exit codes (docs/cli.md).
 const (
 	exitOK          = 0
 	exitRunFailed   = 1

@@ -1,6 +1,6 @@
 //go:build linux
 
-// Check 6: every accepted request is reflected in a run (DESIGN §2.4).
+// Check 6: every accepted request is reflected in a run (docs/concepts.md).
 
 package chaos
 
@@ -90,7 +90,7 @@ func (l *acceptLog) cancel(key taskkey.Key, outcome jobs.CancelOutcome) {
 }
 
 // checkAccepted is check 6: every accepted request is reflected in a run
-// that ended or is still active (DESIGN §2.4). For each submit the load got
+// that ended or is still active (docs/concepts.md). For each submit the load got
 // a 200 answer for with an outcome naming a run:
 //
 //   - Its epoch is the one it was answered in (before which fault's down).

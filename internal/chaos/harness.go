@@ -288,7 +288,7 @@ func (h *harness) run(opts Options) (Report, error) {
 		byOutcome[r.outcome]++
 		if !r.keyHeader {
 			noKeyHeader++
-			h.viol.add(checkTokens, "%s: no Tasklease-Key header naming the key (DESIGN §4)", r.String())
+			h.viol.add(checkTokens, "%s: no Tasklease-Key header naming the key (docs/stages.md)", r.String())
 		}
 		if !r.headerMatches {
 			h.viol.add(checkTokens, "%s: the Tasklease-Fencing-Token header differs from the body's fencingToken", r.String())

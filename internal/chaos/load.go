@@ -151,7 +151,7 @@ func (h *harness) pollState(ctx context.Context) {
 	}
 }
 
-// taskPath is a task's route in the runners' API (DESIGN §5).
+// taskPath is a task's route in the runners' API (docs/http-api.md).
 func taskPath(subject, scope string) string {
 	return "/v1/tasks/" + url.PathEscape(subject) + "/" + url.PathEscape(scope)
 }

@@ -1,5 +1,5 @@
 // Package config loads, checks and applies tasklease's YAML configuration
-// (DESIGN §7; config.example.yaml is the documented reference).
+// (docs/configuration.md; config.example.yaml is the documented reference).
 //
 // Loading is strict: unknown keys, wrong types and invalid values are all
 // reported at once, each with its path ("jobs.course_sync.stages[1].exec"),
@@ -90,10 +90,10 @@ type Redis struct {
 	// connection in a blocking wait on its bell.
 	PoolSize int `yaml:"poolSize"`
 	// DialTimeout and ReadTimeout of every connection (default: go-redis's
-	// 5s and 3s; writes use ReadTimeout). They bound how long a call to a
+	// 5s for both; writes use ReadTimeout). They bound how long a call to a
 	// master that hangs (not dies) waits before it counts as failed, and so
-	// how soon a Cluster or Sentinel failover is followed: README,
-	// Operations. Blocking waits on a partition's bell add their block time.
+	// how soon a Cluster or Sentinel failover is followed: docs/operations.md.
+	// Blocking waits on a partition's bell add their block time.
 	DialTimeout Duration `yaml:"dialTimeout"`
 	ReadTimeout Duration `yaml:"readTimeout"`
 }

@@ -9,7 +9,7 @@ import (
 	"strings"
 )
 
-// This file holds the API's defences against hostile browsers (DESIGN §5):
+// This file holds the API's defences against hostile browsers (docs/http-api.md):
 // cross-site requests (CSRF and cross-site reads), DNS rebinding and
 // non-JSON POST bodies. The decisions are pure functions of a few request
 // facts (reqFacts), so they can be fuzzed without a server.

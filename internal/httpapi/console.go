@@ -8,7 +8,7 @@ import (
 	"github.com/tasklease/tasklease/triggers"
 )
 
-// The operator console's routes (DESIGN §5): scopes and their pause,
+// The operator console's routes (docs/http-api.md): scopes and their pause,
 // runners, schedules and cancel-all-matching.
 
 // filterBody selects tasks: the query of GET /v1/tasks and the body of

@@ -1,4 +1,4 @@
-// Package httpapi serves tasklease's HTTP API v1 (DESIGN §5), the
+// Package httpapi serves tasklease's HTTP API v1 (docs/http-api.md), the
 // Server-Sent Events feed, health and readiness probes, Prometheus metrics
 // and the embedded dashboard.
 //

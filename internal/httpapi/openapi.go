@@ -5,7 +5,7 @@ import (
 	"net/http"
 )
 
-// openapiJSON is the OpenAPI 3.0.3 document of the API (DESIGN §5), written
+// openapiJSON is the OpenAPI 3.0.3 document of the API (docs/http-api.md), written
 // by hand. openapi_test.go validates it, checks that it lists exactly the
 // routes registered in newAPI, and validates every response the package's
 // tests receive against it, so a handler change that alters the wire shape

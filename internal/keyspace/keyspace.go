@@ -1,7 +1,7 @@
 // Package keyspace names every Redis key tasklease uses.
 //
 // All keys of one task live under the hash tag of its partition,
-// "{<prefix>:p<N>}", with N = crc32(taskKey) % partitions (DESIGN §2.7). A
+// "{<prefix>:p<N>}", with N = crc32(taskKey) % partitions (docs/concepts.md). A
 // Lua script only ever touches keys of one partition, so every script is
 // Redis Cluster safe, and the partition's request queues, retry queue and
 // index share the slot of the tasks they reference.

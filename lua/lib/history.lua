@@ -41,7 +41,7 @@ local function hist_push_after(hist, cap, before, ev)
   if before then hist_push(hist, cap, before, ev) else hist_push(hist, cap, ev) end
 end
 
--- Coalesced requests (DESIGN §3): of the requests that leave a run as it
+-- Coalesced requests (docs/policies.md): of the requests that leave a run as it
 -- is (joined, skipped, queued, throttled), the first per (source,
 -- outcome) of a run appends an event; repeats only count. The record
 -- field co_field(source, outcome) holds "<runId> <event>", the event
