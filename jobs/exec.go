@@ -305,12 +305,22 @@ func (e *ExecStage) RunStage(ctx context.Context, run *Run) error {
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
 		if code := ee.ExitCode(); code >= 0 {
-			return execFailed(argv0, "exit "+strconv.Itoa(code), tail.String())
+			return exitError(argv0, code, tail.String())
 		}
 		// Killed by a signal we did not send (ExitCode is -1).
 		return execFailed(argv0, ee.String(), tail.String())
 	}
 	return fmt.Errorf("exec %s: %w", argv0, err)
+}
+
+// exitError is the error of a command that exited with a non-zero code:
+// RetryAfterExitCode asks for a retry that does not count (RetryAfter).
+func exitError(argv0 string, code int, stderrTail string) error {
+	err := execFailed(argv0, "exit "+strconv.Itoa(code), stderrTail)
+	if code == RetryAfterExitCode {
+		return RetryAfter(parseExecRetryAfter(stderrTail), err)
+	}
+	return err
 }
 
 // execFailed is the error of a command that ran and failed: what happened

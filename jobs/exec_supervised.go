@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/tasklease/tasklease/internal/supervisor"
@@ -107,7 +106,7 @@ func (s *supervised) result(argv0 string, waitErr error, stderrTail string) erro
 	case st.Ended && st.Signal != 0:
 		return execFailed(argv0, "signal: "+st.Signal.String(), stderrTail)
 	case st.Ended && st.Code != 0:
-		return execFailed(argv0, "exit "+strconv.Itoa(st.Code), stderrTail)
+		return exitError(argv0, st.Code, stderrTail)
 	case st.Ended:
 		return nil
 	}

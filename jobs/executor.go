@@ -17,6 +17,7 @@ const (
 	resultFailed    = "failed"    // permanent failure, or attempts exhausted
 	resultCancelled = "cancelled" // cancelled through the registry
 	resultRetry     = "retry"     // attempt failed; retry after a backoff (or fail at maxAttempts)
+	resultDefer     = "defer"     // the stage asked to run again later (RetryAfter); the attempt is not counted
 	resultHandback  = "handback"  // shutdown: release, keep the checkpoint, re-queue
 )
 
@@ -264,6 +265,8 @@ func (r *Runner) classify(kctx context.Context, err error) (string, error) {
 		return resultHandback, nil
 	case errors.Is(err, ErrStaleToken) || errors.Is(err, ErrPermanent):
 		return resultFailed, err
+	case isRetryAfter(err):
+		return resultDefer, err
 	case err == nil:
 		return resultRetry, errors.New("stage returned without error after its context ended")
 	default:

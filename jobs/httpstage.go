@@ -165,5 +165,13 @@ func (h *HTTPStage) RunStage(ctx context.Context, run *Run) error {
 	if resp.StatusCode == http.StatusConflict {
 		return fmt.Errorf("http %s: status %d: %w%s", target, resp.StatusCode, ErrStaleToken, msg)
 	}
-	return fmt.Errorf("http %s: status %d%s", target, resp.StatusCode, msg)
+	err = fmt.Errorf("http %s: status %d%s", target, resp.StatusCode, msg)
+	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
+		// The remote asked us to slow down: not the run's fault, so the
+		// attempt is not counted (RetryAfter).
+		if d, ok := parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()); ok {
+			return RetryAfter(d, err)
+		}
+	}
+	return err
 }

@@ -25,8 +25,15 @@ func (r *Runner) finish(job *Job, e entry, lease leasing.Lease, result, complete
 		errText = truncateErr(stageErr.Error(), 1000)
 	}
 	delay := time.Duration(0)
-	if result == resultRetry {
+	switch result {
+	case resultRetry:
 		delay = jitter(backoff(job.Retry.Backoff, job.Retry.MaxBackoff, attempt))
+	case resultDefer:
+		if ra, ok := retryAfterOf(stageErr); ok && ra.Delay > 0 {
+			delay = ra.Delay // what the remote asked for: no jitter
+		} else {
+			delay = jitter(backoff(job.Retry.Backoff, job.Retry.MaxBackoff, attempt))
+		}
 	}
 	read, first := 0, keyspace.LanePeople
 	if readNext && r.taking() {

@@ -17,9 +17,11 @@
 --          (comma list) and maxAttempts (the definition a follow-up run
 --          takes), the job's lease TTL (ms, for the claim of the entry taken)
 -- ARGV[2] token   ARGV[3] runId
--- ARGV[4] result: done | failed | cancelled | retry | handback
+-- ARGV[4] result: done | failed | cancelled | retry | defer | handback
+--          (defer: the stage asked to run again later, jobs.RetryAfter —
+--          a retry that does not count the attempt and never fails the run)
 -- ARGV[5] stage completed by this call ("" if none)   ARGV[6] error text
--- ARGV[7] retry delay (ms)
+-- ARGV[7] retry delay (ms), of a retry or a defer
 -- A retry of a run whose cancel flag is set (a cancel or replace that landed
 -- while this attempt was failing) ends it as cancelled at once instead of
 -- waiting out the backoff.
@@ -112,24 +114,30 @@ repeat
   end
   if rcall('DEL', lease_key) == 0 then out = {0, ''}; break end -- expired: not held
   local attempt, max_attempts = 1, 1
-  if result == 'retry' or result == 'handback' then
+  local retrying = result == 'retry' or result == 'defer'
+  if retrying or result == 'handback' then
     ft_read(task, {'attempt', 'maxAttempts', 'sources'}, r)
     attempt, max_attempts = small_num(r.attempt) or 1, small_num(r.maxAttempts) or 1
   end
-  if result == 'retry' and r.cancel == '1' then
-    result, ARGV[6] = 'cancelled', 'cancelled'
+  if retrying and r.cancel == '1' then
+    result, retrying, ARGV[6] = 'cancelled', false, 'cancelled'
   elseif result == 'retry' and attempt >= max_attempts then
-    result = 'failed'
+    result, retrying = 'failed', false
   end
 
-  if result == 'retry' then
+  if retrying then
     local due = now + tonum(ARGV[7])
     ack_entry(queue, r.entry)
-    rcall('HSET', task, unpk(with_fields({'status', 'retrying', 'nextAttemptAt', due, 'lastError', ARGV[6],
-      'entry', '', 'updatedAt', now, 'v', ''}, upd)))
+    local fields = {'status', 'retrying', 'nextAttemptAt', due, 'lastError', ARGV[6],
+      'entry', '', 'updatedAt', now, 'v', ''}
+    local what = 'attempt ' .. attempt .. ' of ' .. max_attempts
+    if result == 'defer' then -- the attempt is given back: the claim counts it again
+      fields[#fields + 1], fields[#fields + 2] = 'attempt', int_str(attempt - 1)
+      what = 'deferred: attempt ' .. attempt .. ' not counted'
+    end
+    rcall('HSET', task, unpk(with_fields(fields, upd)))
     rcall('ZADD', part.retry, due, run_id .. ' ' .. r.key)
-    hist_push_after(hist, cap, before, hist_err(now, 'retry-scheduled', run_id, r.stage,
-      'attempt ' .. attempt .. ' of ' .. max_attempts, owner, token, ARGV[6]))
+    hist_push_after(hist, cap, before, hist_err(now, 'retry-scheduled', run_id, r.stage, what, owner, token, ARGV[6]))
   elseif result == 'handback' then
     -- Graceful shutdown: keep the checkpoint, give the attempt back and
     -- re-queue at once so another runner resumes without waiting for the TTL.
@@ -151,7 +159,7 @@ repeat
       before)
   end
   publish(pw, task)
-  if result == 'retry' then
+  if retrying then
     out = {1, 'retrying'}
   elseif result == 'handback' or r.followUp == '1' then
     out = {1, 'queued'}
