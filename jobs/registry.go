@@ -240,7 +240,20 @@ func (r *Registry) key(subject, scope string) (taskkey.Key, *Job, error) {
 type SubmitOptions struct {
 	Source Source // why the request is made
 	Policy Policy // overrides the job's conflict policy when set
+	// Delay and NotBefore delay the run the request starts: with no
+	// active run, the run is created queued and not started before the
+	// later of Redis time + Delay and NotBefore (the view's NotBefore; it
+	// starts within a reclaim interval after that). A request without a
+	// delay that joins a delayed run — a person's "sync now" — starts it
+	// at once; a delayed request that finds a run active is answered as
+	// any other. Delay must be in 0..DelayMax; a NotBefore in the past
+	// delays nothing.
+	Delay     time.Duration
+	NotBefore time.Time
 }
+
+// DelayMax bounds SubmitOptions.Delay (and how far ahead NotBefore may be).
+const DelayMax = 30 * 24 * time.Hour
 
 // SubmitResult is the registry's answer to a request.
 type SubmitResult struct {
@@ -280,6 +293,10 @@ func (r *Registry) Submit(ctx context.Context, subject, scope string, opts Submi
 	if _, err := ParsePolicy(string(opts.Policy)); err != nil {
 		return SubmitResult{}, err
 	}
+	if opts.Delay < 0 || opts.Delay > DelayMax || time.Until(opts.NotBefore) > DelayMax {
+		return SubmitResult{}, fmt.Errorf("%w: delay %s, not before %s (want at most %s ahead)", ErrInvalidDelay,
+			opts.Delay, opts.NotBefore.Format(time.RFC3339), DelayMax)
+	}
 	ctx, span := r.startSubmitSpan(ctx, k, opts.Source)
 	out, err := r.submit(ctx, k, job, opts)
 	r.endSubmitSpan(ctx, span, k, out, err)
@@ -290,7 +307,10 @@ func (r *Registry) submit(ctx context.Context, k taskkey.Key, job *Job, opts Sub
 	scope := k.Scope()
 	req := &submitReq{k: k, p: r.ks.Partition(k), source: opts.Source, policy: opts.Policy,
 		runID: newRunID(), stages: r.stagesCSV[scope], maxAttempts: job.Retry.MaxAttempts,
-		minInterval: job.MinInterval.Milliseconds()}
+		minInterval: job.MinInterval.Milliseconds(), delay: opts.Delay.Milliseconds()}
+	if !opts.NotBefore.IsZero() {
+		req.notBefore = opts.NotBefore.UnixMilli()
+	}
 	if r.tracer != nil {
 		req.traceparent = traceparent(ctx)
 	}

@@ -32,6 +32,8 @@ type submitReq struct {
 	stages      string // comma list
 	maxAttempts int
 	minInterval int64  // ms
+	delay       int64  // ms; 0: none
+	notBefore   int64  // unix ms; 0: none
 	traceparent string // the submit span's context, when tracing is on
 	// results, set by flushSubmits; served is the follow-up's id that
 	// submit.lua names after a queued or replaced outcome
@@ -121,6 +123,14 @@ func (q *submitReq) requestArg(traced bool) string {
 	b = strconv.AppendInt(b, int64(q.maxAttempts), 10)
 	b = append(b, histSep...)
 	b = strconv.AppendInt(b, q.minInterval, 10)
+	if q.delay > 0 {
+		b = append(b, '+')
+		b = strconv.AppendInt(b, q.delay, 10)
+	}
+	if q.notBefore > 0 {
+		b = append(b, '@')
+		b = strconv.AppendInt(b, q.notBefore, 10)
+	}
 	if traced {
 		b = append(b, histSep...)
 		b = append(b, q.traceparent...)
@@ -146,6 +156,12 @@ func (q *submitReq) taskView() TaskView {
 	vals[vfRunID], vals[vfStatus], vals[vfStages] = q.runID, string(StatusQueued), q.stages
 	vals[vfDone], vals[vfAttempt], vals[vfMaxAttempts] = "0", "0", strconv.Itoa(q.maxAttempts)
 	vals[vfSources], vals[vfRequestedAt], vals[vfUpdatedAt] = string(q.source), q.view, q.view
+	if q.delay > 0 || q.notBefore > 0 { // as submit.lua decides it
+		now, _ := strconv.ParseInt(q.view, 10, 64)
+		if nb := max(now+q.delay, q.notBefore); nb > now {
+			vals[vfWaiting] = delayedPrefix + strconv.FormatInt(nb, 10)
+		}
+	}
 	return viewFromValues(q.k.String(), q.k.Subject(), q.k.Scope(), vals[:])
 }
 

@@ -18,6 +18,8 @@ var (
 	ErrInvalidSource = errors.New("jobs: invalid source")
 	// ErrInvalidPolicy: the policy is not join, skip, queue or replace.
 	ErrInvalidPolicy = errors.New("jobs: invalid policy")
+	// ErrInvalidDelay: a submit's delay is negative or too long.
+	ErrInvalidDelay = errors.New("jobs: invalid delay")
 	// ErrInvalidStatus: not a run status (List filters).
 	ErrInvalidStatus = errors.New("jobs: invalid status")
 	// ErrNotFound: the task key has no run record.

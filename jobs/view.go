@@ -62,7 +62,14 @@ type TaskView struct {
 	// rolling deploy "waiting for a runner that defines stage pushing
 	// (pod-a/1f2e3d does not)"; empty otherwise.
 	Waiting string `json:"waiting,omitempty"`
+	// NotBefore: a delayed run (SubmitOptions.Delay) is not started before
+	// this time; nil otherwise.
+	NotBefore *time.Time `json:"notBefore,omitempty"`
 }
+
+// delayedPrefix starts the record's 'waiting' of a delayed run, followed
+// by the time in unix ms (lua/lib/runs.lua new_run).
+const delayedPrefix = "notBefore "
 
 // viewFromRecord builds a TaskView from a run record's fields (an HGETALL,
 // or the JSON object scripts publish).
@@ -137,6 +144,11 @@ func viewFromValues(key, subject, scope string, vals []string) TaskView {
 		UpdatedAt:       timeField(checkpoints.LatestMillis(get(vfUpdatedAt), get(vfRequestedAt), get(vfStartedAt), get(vfFinishedAt))),
 		FinishedAt:      timeField(get(vfFinishedAt)),
 		NextAttemptAt:   timeField(get(vfNextAttemptAt)),
+	}
+	if ms, ok := strings.CutPrefix(v.Waiting, delayedPrefix); ok {
+		if v.NotBefore = timeField(ms); v.NotBefore != nil {
+			v.Waiting = "delayed: not started before " + v.NotBefore.Format(time.RFC3339)
+		}
 	}
 	if v.Status == "" {
 		v.Status = StatusIdle

@@ -14,7 +14,8 @@
 --   (the per-request layout of KEYS above), else '0'
 -- ARGV[3+i] request i, one argument (jobs.requestArg):
 --   "<policy letter><source letter><new run id>US<stages (comma list)>US
---   <maxAttempts>US<minInterval (ms, 0 = none)>", traced followed by
+--   <maxAttempts>US<minInterval (ms, 0 = none)>[+<delay ms>][@<not before,
+--   ms>]" (the last two only for a delayed request), traced followed by
 --   US<the request's W3C traceparent ('' for none)>; the letters are the
 --   first of the names (POLICY_OF, SOURCE_OF). One argument instead of six:
 --   a repeat (submit_fast) reads only the two letters, and Redis makes a
@@ -78,7 +79,21 @@ for i = 1, #KEYS / kr do
     a.task, a.hist, a.q, a.index, a.part = task, tag .. ':history:' .. key, part.q, part.index, part
     a.tag, a.key, a.source, a.policy, a.run_id = tag, key, SOURCE_OF[sb], POLICY_OF[pb], ssub(req, 3, i1 - 1)
     a.stages, a.max_attempts = ssub(req, i1 + 1, i2 - 1), ssub(req, i2 + 1, i3 - 1)
-    a.min_interval = small_num(ssub(req, i3 + 1, i4 and i4 - 1 or -1))
+    -- minInterval, then "+<delay ms>" and/or "@<not before, ms>" when the
+    -- request is delayed (jobs.requestArg): a delayed run is created
+    -- queued and not started before the later of the two
+    local mi = ssub(req, i3 + 1, i4 and i4 - 1 or -1)
+    local nb = nil
+    local at = sfind(mi, '@', 1, true)
+    if at then nb, mi = tonum(ssub(mi, at + 1)), ssub(mi, 1, at - 1) end
+    local plus = sfind(mi, '+', 1, true)
+    if plus then
+      local rel = tonum(now) + (tonum(ssub(mi, plus + 1)) or 0)
+      if not nb or rel > nb then nb = rel end
+      mi = ssub(mi, 1, plus - 1)
+    end
+    if nb and nb <= tonum(now) then nb = nil end
+    a.min_interval, a.not_before = small_num(mi), nb
     if traced then a.links_next, a.links_new, a.tp = KEYS[k + 1], KEYS[k + 2], ssub(req, i4 + 1) end
     local served
     outcome, view, served = submit_one(a, vals)

@@ -97,13 +97,14 @@ func cmdClient(ctx context.Context, cmd string, args []string, stdout, stderr io
 	fs.SetOutput(stderr)
 	server := fs.String("server", cmp.Or(os.Getenv("TASKLEASE_SERVER"), serverDefault), "runner HTTP API base URL (its default: $TASKLEASE_SERVER when set)")
 	asJSON := fs.Bool("json", false, "print the API's JSON")
-	var source, policy, status, scope, subject, prefix *string
+	var source, policy, delay, status, scope, subject, prefix *string
 	var wait *bool
 	var limit *int
 	switch cmd {
 	case "submit":
 		source = fs.String("source", "manual", "schedule, foreground, manual or retry")
 		policy = fs.String("policy", "", "join, skip, queue or replace (default: the job's)")
+		delay = fs.String("delay", "", "with no active run, start the run no sooner than this (a duration such as 90s)")
 		wait = fs.Bool("wait", false, "follow the run that serves the request (for queue and replace, the follow-up) until it ends; exit 1 if it fails or is cancelled")
 	case "tasks":
 		status = fs.String("status", "", "filter by status")
@@ -148,6 +149,9 @@ func cmdClient(ctx context.Context, cmd string, args []string, stdout, stderr io
 		body := map[string]string{"source": *source}
 		if *policy != "" {
 			body["policy"] = *policy
+		}
+		if *delay != "" {
+			body["delay"] = *delay
 		}
 		if err := c.do(ctx, http.MethodPost, taskPath(pos[0], pos[1])+"/runs", body, &res); err != nil {
 			return err
@@ -267,6 +271,9 @@ func describe(v jobs.TaskView) string {
 	}
 	if v.NextAttemptAt != nil {
 		fmt.Fprintf(&b, ", next attempt %s", v.NextAttemptAt.Local().Format("15:04:05"))
+	}
+	if v.NotBefore != nil {
+		fmt.Fprintf(&b, ", not before %s", v.NotBefore.Local().Format("15:04:05"))
 	}
 	if v.Attempt > 0 {
 		fmt.Fprintf(&b, ", attempt %d/%d", v.Attempt, v.MaxAttempts)

@@ -45,7 +45,7 @@ const usage = `usage: runner <command> [flags]
 commands:
   serve     [--config FILE] [--listen ADDR] [--redis URL]   run a runner (embedded Redis and demo jobs by default)
   validate  --config FILE                                   check a config; exit 0, or list every problem and exit 2
-  submit    SUBJECT SCOPE [--source S] [--policy P] [--wait] submit a run (--wait follows it until it ends)
+  submit    SUBJECT SCOPE [--source S] [--policy P] [--delay D] [--wait] submit a run (--wait follows it until it ends)
   status    SUBJECT SCOPE                                   show a task
   tasks     [--status S] [--scope S] [--subject S] [--prefix P] [--limit N]
   history   SUBJECT SCOPE [--limit N]

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tasklease/tasklease/jobs"
 	"github.com/tasklease/tasklease/taskkey"
@@ -33,6 +34,8 @@ func FuzzSubmitBody(f *testing.F) {
 		`{"source":1}`, `{"priority":1}`, `{"SOURCE":"manual"}`, `{} {}`, `{"source":"manual"`,
 		`[]`, `"manual"`, "\x00", `{"source":"\u0000"}`, strings.Repeat(" ", 300),
 		`{"source":"manual","source":"bogus"}`, `{}}`,
+		`{"delay":"90s"}`, `{"delay":"-1s"}`, `{"delay":"soon"}`, `{"delay":"1000h"}`,
+		`{"notBefore":"2026-12-03T14:05:00Z"}`, `{"notBefore":"tomorrow"}`, `{"delay":"1s","notBefore":"2020-01-01T00:00:00Z"}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -52,6 +55,7 @@ func FuzzSubmitBody(f *testing.F) {
 			dec := json.NewDecoder(bytes.NewReader(body))
 			dec.DisallowUnknownFields()
 			if json.Valid(body) && dec.Decode(&sb) == nil && validSource(sb.Source) && validPolicy(sb.Policy) &&
+				validDelays(sb) &&
 				w.Code != http.StatusOK {
 				t.Fatalf("valid body %q answered %d %s", body, w.Code, w.Body)
 			}
@@ -202,4 +206,11 @@ func FuzzTaskFilter(f *testing.F) {
 			t.Fatalf("a dry run changed redis (%d)", w.Code)
 		}
 	})
+}
+
+// validDelays reports whether the body's delay fields are acceptable:
+// parsable and within jobs.DelayMax.
+func validDelays(sb submitBody) bool {
+	o, err := sb.options()
+	return err == nil && time.Until(o.NotBefore) <= jobs.DelayMax
 }

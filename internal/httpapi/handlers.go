@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/tasklease/tasklease/jobs"
 	"github.com/tasklease/tasklease/triggers"
@@ -21,6 +22,31 @@ const maxLimit = jobs.ListLimitMax
 type submitBody struct {
 	Source string `json:"source"`
 	Policy string `json:"policy"`
+	// Delay (a Go duration, "90s") and NotBefore (RFC 3339) delay the run
+	// the request starts (jobs.SubmitOptions).
+	Delay     string `json:"delay"`
+	NotBefore string `json:"notBefore"`
+}
+
+// options validates the body's delay fields and returns the submit's
+// options.
+func (b submitBody) options() (jobs.SubmitOptions, error) {
+	o := jobs.SubmitOptions{Source: jobs.Source(b.Source), Policy: jobs.Policy(b.Policy)}
+	if b.Delay != "" {
+		d, err := time.ParseDuration(b.Delay)
+		if err != nil || d < 0 || d > jobs.DelayMax {
+			return o, badRequestf("invalid delay %q (want a duration such as 90s, at most %s)", b.Delay, jobs.DelayMax)
+		}
+		o.Delay = d
+	}
+	if b.NotBefore != "" {
+		t, err := time.Parse(time.RFC3339, b.NotBefore)
+		if err != nil {
+			return o, badRequestf("invalid notBefore %q (want RFC 3339, e.g. 2026-12-03T14:05:00Z)", b.NotBefore)
+		}
+		o.NotBefore = t
+	}
+	return o, nil
 }
 
 // submitResponse is jobs.SubmitResult on the wire; declared here so the
@@ -37,8 +63,12 @@ func (a *api) submit(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, r, err)
 		return
 	}
-	res, err := a.reg.Submit(r.Context(), r.PathValue("subject"), r.PathValue("scope"),
-		jobs.SubmitOptions{Source: jobs.Source(body.Source), Policy: jobs.Policy(body.Policy)})
+	opts, err := body.options()
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	res, err := a.reg.Submit(r.Context(), r.PathValue("subject"), r.PathValue("scope"), opts)
 	if err != nil {
 		a.fail(w, r, err)
 		return

@@ -430,7 +430,8 @@ func (a *api) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.As(err, &mbe):
 		writeError(w, http.StatusRequestEntityTooLarge, "payload_too_large", fmt.Sprintf("body larger than %d bytes", mbe.Limit))
 	case errors.As(err, &br), errors.Is(err, taskkey.ErrInvalid),
-		errors.Is(err, jobs.ErrInvalidSource), errors.Is(err, jobs.ErrInvalidPolicy), errors.Is(err, jobs.ErrInvalidStatus):
+		errors.Is(err, jobs.ErrInvalidSource), errors.Is(err, jobs.ErrInvalidPolicy), errors.Is(err, jobs.ErrInvalidStatus),
+		errors.Is(err, jobs.ErrInvalidDelay):
 		writeError(w, http.StatusBadRequest, "bad_request", err.Error())
 	case errors.Is(err, jobs.ErrUnknownScope), errors.Is(err, jobs.ErrNotFound):
 		writeError(w, http.StatusNotFound, "not_found", err.Error())

@@ -9,18 +9,29 @@
 -- first; a new record writes only the fields that are not empty or
 -- implied. q: the partition's queue keys; key: the task key; sources: the
 -- run's sources (comma list), source: the first; last_success: the ending
--- run's finishedAt when it was done, else nil. Positional, not a table: a
--- table per new run cost ~2,500 instructions.
-local function new_run(task, q, hist, key, run_id, stages, max_attempts, sources, source, now, exists, co, last_success)
+-- run's finishedAt when it was done, else nil; not_before (ms, or nil): a
+-- delayed run, whose entry goes straight into the taken set, due then —
+-- the reclaim pass claims it when it is due, as it does an entry whose
+-- holder died — and whose 'waiting' says so ("notBefore <ms>", which
+-- jobs.viewFromValues shows as the view's notBefore). Positional, not a
+-- table: a table per new run cost ~2,500 instructions.
+local function new_run(task, q, hist, key, run_id, stages, max_attempts, sources, source, now, exists, co, last_success,
+                       not_before)
   local lane = lane_for(sources)
-  local id = enqueue(q, lane, run_id, key, source)
+  local id, waiting
+  if not_before then
+    id, waiting = lane .. run_id .. US .. key .. US .. source, 'notBefore ' .. not_before
+    rcall('ZADD', q.taken, not_before, id)
+  else
+    id = enqueue(q, lane, run_id, key, source)
+  end
   if exists then
     co_fold(task, hist, co)
     local f = {'runId', run_id, 'status', 'queued', 'stages', stages, 'done', '0',
       'stage', '', 'cursor', '', 'attempt', '0', 'maxAttempts', max_attempts, 'sources', sources,
       'owner', '', 'requestedAt', now, 'startedAt', '', 'updatedAt', now, 'finishedAt', '',
       'nextAttemptAt', '', 'lastError', '', 'cancel', '0', 'followUp', '0', 'followUpSources', '',
-      'entry', id, 'lane', lane, 'waiting', '', 'v', ''}
+      'entry', id, 'lane', lane, 'waiting', waiting or '', 'v', ''}
     -- finishedAt is cleared, so a done run's time (last_success) moves to
     -- lastSuccessAt: finish_terminal writes it to finishedAt alone
     if last_success then f[#f + 1], f[#f + 2] = 'lastSuccessAt', last_success end
@@ -30,7 +41,11 @@ local function new_run(task, q, hist, key, run_id, stages, max_attempts, sources
   else
     -- absent fields read as empty: done and attempt as 0, lane as bulk;
     -- subject and scope are the key's parts
-    if lane == 'p' then
+    if waiting then
+      rcall('HSET', task, 'key', key, 'runId', run_id, 'status', 'queued', 'stages', stages,
+        'maxAttempts', max_attempts, 'sources', sources, 'requestedAt', now, 'entry', id, 'lane', lane,
+        'waiting', waiting)
+    elseif lane == 'p' then
       rcall('HSET', task, 'key', key, 'runId', run_id, 'status', 'queued', 'stages', stages,
         'maxAttempts', max_attempts, 'sources', sources, 'requestedAt', now, 'entry', id, 'lane', lane)
     else

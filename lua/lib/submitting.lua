@@ -209,7 +209,7 @@ local function submit_one(a, vals)
     and now - last < a.min_interval
   if not active and not throttled then
     new_run(task, a.q, hist, a.key, a.run_id, a.stages, a.max_attempts, src, src, now, status and true or false,
-      vals[X + 24], last_success)
+      vals[X + 24], last_success, a.not_before)
     hist_push(hist, a.cap, hist_ev(now, 'requested', a.run_id, src, '', 'started'))
     rcall('ZADD', a.index, now, a.key)
     if src ~= 'schedule' then seen_subject(a, now) end
@@ -226,9 +226,13 @@ local function submit_one(a, vals)
     set[#set + 1] = v
     if r then r[f] = v end
   end
-  -- run: the run the request is logged under, the one that serves it
-  local function coalesce(event, outcome, c, n, run)
+  -- run: the run the request is logged under, the one that serves it.
+  -- nofast: the request is not to be answered by submit_fast when
+  -- repeated (a delayed run: a repeat without a delay must start it), so
+  -- its co value is written so that co_of_run does not match it.
+  local function coalesce(event, outcome, c, n, run, nofast)
     local f, v, new = hist_request(hist, a.cap, now, event, run, src, outcome, c, n)
+    if nofast and new then v = '~' .. v end
     put(f, v)
     if new then put('co', list_add(r.co, f)) end
   end
@@ -251,13 +255,26 @@ local function submit_one(a, vals)
       seen()
       changed = true
     end
-    coalesce('joined', 'joined', vals[1], vals[2], cur)
+    -- A delayed run (lib/runs.lua new_run) joined by a request without a
+    -- delay starts now: its entry goes to its lane (the one in the taken
+    -- set finds the run started or over when it comes due).
+    local delayed = status == 'queued' and r.waiting and ssub(r.waiting, 1, 10) == 'notBefore '
+    if delayed and not a.not_before then
+      local lane = lane_for(srcs)
+      put('entry', enqueue(a.q, lane, cur, a.key, src))
+      put('lane', lane)
+      put('waiting', '')
+      delayed, changed = false, true
+    end
+    coalesce('joined', 'joined', vals[1], vals[2], cur, delayed)
     -- A person joining a queued bulk run promotes it to the people lane; a
     -- run parked by a paused scope (no entry) is re-queued there on resume.
+    -- A delayed run is not in a lane: it keeps waiting (a delayed request
+    -- joined it; one without a delay started it above).
     -- The bulk entry stays where it is (removing it from the middle of a
     -- long list is O(n)): whichever entry is claimed first starts the run,
     -- and the claim of the other finds the run started or over.
-    if is_person(src) and status == 'queued' and r.lane ~= 'p' then
+    if is_person(src) and status == 'queued' and r.lane ~= 'p' and not delayed then
       if r.entry and r.entry ~= '' then
         put('entry', enqueue(a.q, 'p', cur, a.key, src))
       else
