@@ -132,3 +132,85 @@ func TestSubmitDelayValidated(t *testing.T) {
 		t.Errorf("after refused submits the key exists: %v", err)
 	}
 }
+
+// A debounced job: a burst of foreground requests 500 ms apart gives one
+// run, started a debounce after the last of them; a longer burst is cut at
+// the first request + debounceMax.
+func TestDebounce(t *testing.T) {
+	t.Parallel()
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			for i, c := range []struct {
+				name          string
+				max           time.Duration
+				requests      int
+				wantNotBefore time.Duration // after the first request
+			}{
+				{"burst", 10 * time.Second, 5, 2*time.Second + time.Second}, // the last at 2 s, + 1 s
+				{"capped", 2 * time.Second, 7, 2 * time.Second},             // the last at 3 s: cut at 2 s
+			} {
+				t.Run(c.name, func(t *testing.T) {
+					cnt := &counter{}
+					job := clJob("sync", Stage{Name: "pushing", Handler: cnt})
+					job.Debounce, job.DebounceMax = time.Second, c.max
+					e := newEnv(t, b.Client, Config{Prefix: fmt.Sprintf("db%d", i), Jobs: []Job{job}})
+					var first SubmitResult
+					for n := range c.requests {
+						if n > 0 {
+							b.Advance(500 * time.Millisecond)
+						}
+						res, err := e.reg.Submit(context.Background(), "u1", "sync", SubmitOptions{Source: SourceForeground})
+						if err != nil {
+							t.Fatal(err)
+						}
+						if n == 0 {
+							first = res
+						} else if res.RunID != first.RunID || res.Task.Status != StatusQueued {
+							t.Fatalf("request %d: %s %s (run %s), want the first request's run, still queued", n, res.Outcome, res.Task.Status, res.RunID)
+						}
+					}
+					v, err := e.reg.Get(context.Background(), "u1", "sync")
+					if err != nil || v.NotBefore == nil {
+						t.Fatalf("after the burst: notBefore %v (%v)", v.NotBefore, err)
+					}
+					// exact by miniredis's clock; real time between requests adds a little
+					if got := v.NotBefore.Sub(*first.Task.RequestedAt); got < c.wantNotBefore || got > c.wantNotBefore+400*time.Millisecond {
+						t.Errorf("not before first request + %s, want + %s", got, c.wantNotBefore)
+					}
+					e.startRunner(RunnerConfig{ID: "pod-db", ReclaimInterval: 50 * time.Millisecond})
+					b.Advance(c.wantNotBefore)
+					done := e.waitStatus("u1", "sync", 20*time.Second, StatusDone, StatusFailed, StatusCancelled)
+					if done.Status != StatusDone || done.RunID != first.RunID || cnt.get("u1/pushing") != 1 {
+						t.Fatalf("run %s %s after %d executions; want the one run done once", done.RunID, done.Status, cnt.get("u1/pushing"))
+					}
+					started := firstEventAt(clHistory(t, e.reg, "u1", "sync"), first.RunID, "started")
+					if started.Before(*v.NotBefore) {
+						t.Errorf("started at %s, before its notBefore %s", started, v.NotBefore)
+					}
+				})
+			}
+		})
+	}
+}
+
+// A manual request is not debounced: it starts a debounced job's run at
+// once, and starts a delayed one now.
+func TestDebounceSkipsManual(t *testing.T) {
+	t.Parallel()
+	m := redistest.StartMini(t)
+	cnt := &counter{}
+	job := clJob("sync", Stage{Name: "pushing", Handler: cnt})
+	job.Debounce = time.Hour
+	e := newEnv(t, m.Client(t), Config{Prefix: "dbm", Jobs: []Job{job}})
+	e.startRunner(RunnerConfig{ID: "pod-dbm", ReclaimInterval: 50 * time.Millisecond})
+	if res := clSubmit(t, e.reg, "u1", "sync", SourceSchedule, ""); res.Task.NotBefore == nil {
+		t.Fatalf("a schedule request of a debounced job: notBefore nil, want delayed")
+	}
+	clSubmit(t, e.reg, "u1", "sync", SourceManual, "")
+	if v := e.waitStatus("u1", "sync", 10*time.Second, StatusDone, StatusFailed, StatusCancelled); v.Status != StatusDone {
+		t.Fatalf("after the manual request: %s, want done at once", v.Status)
+	}
+	if res := clSubmit(t, e.reg, "u2", "sync", SourceManual, ""); res.Task.NotBefore != nil {
+		t.Fatalf("a manual request of a debounced job was delayed to %v", res.Task.NotBefore)
+	}
+}

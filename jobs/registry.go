@@ -255,6 +255,9 @@ type SubmitOptions struct {
 // DelayMax bounds SubmitOptions.Delay (and how far ahead NotBefore may be).
 const DelayMax = 30 * 24 * time.Hour
 
+// DebounceMaxDefault is Job.DebounceMax when Debounce is set.
+const DebounceMaxDefault = time.Minute
+
 // SubmitResult is the registry's answer to a request.
 type SubmitResult struct {
 	// Outcome is what Submit did with the request: started, joined, ...
@@ -308,6 +311,9 @@ func (r *Registry) submit(ctx context.Context, k taskkey.Key, job *Job, opts Sub
 	req := &submitReq{k: k, p: r.ks.Partition(k), source: opts.Source, policy: opts.Policy,
 		runID: newRunID(), stages: r.stagesCSV[scope], maxAttempts: job.Retry.MaxAttempts,
 		minInterval: job.MinInterval.Milliseconds(), delay: opts.Delay.Milliseconds()}
+	if job.Debounce > 0 && opts.Source != SourceManual && opts.Delay == 0 && opts.NotBefore.IsZero() {
+		req.delay, req.debounceMax = job.Debounce.Milliseconds(), job.DebounceMax.Milliseconds()
+	}
 	if !opts.NotBefore.IsZero() {
 		req.notBefore = opts.NotBefore.UnixMilli()
 	}

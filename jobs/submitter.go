@@ -34,6 +34,7 @@ type submitReq struct {
 	minInterval int64  // ms
 	delay       int64  // ms; 0: none
 	notBefore   int64  // unix ms; 0: none
+	debounceMax int64  // ms; a debounced request (Job.Debounce) moves its delayed run's start up to this after its first request
 	traceparent string // the submit span's context, when tracing is on
 	// results, set by flushSubmits; served is the follow-up's id that
 	// submit.lua names after a queued or replaced outcome
@@ -126,6 +127,10 @@ func (q *submitReq) requestArg(traced bool) string {
 	if q.delay > 0 {
 		b = append(b, '+')
 		b = strconv.AppendInt(b, q.delay, 10)
+		if q.debounceMax > 0 {
+			b = append(b, '~')
+			b = strconv.AppendInt(b, q.debounceMax, 10)
+		}
 	}
 	if q.notBefore > 0 {
 		b = append(b, '@')

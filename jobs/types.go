@@ -187,6 +187,16 @@ type Job struct {
 	// than this after the last successful finish. Manual requests are never
 	// throttled.
 	MinInterval time.Duration
+	// Debounce gives every request but a manual one a delay of Debounce
+	// (SubmitOptions.Delay) when it sets none, and each later such request
+	// that joins the still delayed run moves its start to now + Debounce,
+	// never past its first request + DebounceMax: a burst of foreground
+	// webhooks becomes one run, started once the burst is over. A person's
+	// request starts it at once. Default 0: off.
+	Debounce time.Duration
+	// DebounceMax bounds how long a debounced run waits after its first
+	// request (default DebounceMaxDefault; at least Debounce).
+	DebounceMax time.Duration
 	// Retry policy of failed attempts.
 	Retry RetryPolicy
 	// LeaseTTL overrides the runner's lease TTL for this job.
@@ -227,8 +237,15 @@ func (j *Job) normalize() error {
 	if _, err := ParsePolicy(string(j.OnConflict)); err != nil {
 		return fmt.Errorf("job %s: %w", j.Scope, err)
 	}
-	if j.MinInterval < 0 || j.LeaseTTL < 0 {
+	if j.MinInterval < 0 || j.LeaseTTL < 0 || j.Debounce < 0 || j.DebounceMax < 0 {
 		return fmt.Errorf("%w: job %s: negative duration", ErrConfig, j.Scope)
+	}
+	if j.Debounce > 0 && j.DebounceMax == 0 {
+		j.DebounceMax = max(DebounceMaxDefault, j.Debounce)
+	}
+	if j.Debounce > DelayMax || j.DebounceMax > DelayMax || (j.Debounce > 0 && j.DebounceMax < j.Debounce) {
+		return fmt.Errorf("%w: job %s: debounce %s, debounceMax %s: want debounce <= debounceMax <= %s",
+			ErrConfig, j.Scope, j.Debounce, j.DebounceMax, DelayMax)
 	}
 	r := &j.Retry
 	if r.MaxAttempts == 0 {

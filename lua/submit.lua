@@ -14,8 +14,9 @@
 --   (the per-request layout of KEYS above), else '0'
 -- ARGV[3+i] request i, one argument (jobs.requestArg):
 --   "<policy letter><source letter><new run id>US<stages (comma list)>US
---   <maxAttempts>US<minInterval (ms, 0 = none)>[+<delay ms>][@<not before,
---   ms>]" (the last two only for a delayed request), traced followed by
+--   <maxAttempts>US<minInterval (ms, 0 = none)>[+<delay ms>[~<debounceMax
+--   ms>]][@<not before, ms>]" (only for a delayed request; ~ for a
+--   debounced one, lib/submitting.lua), traced followed by
 --   US<the request's W3C traceparent ('' for none)>; the letters are the
 --   first of the names (POLICY_OF, SOURCE_OF). One argument instead of six:
 --   a repeat (submit_fast) reads only the two letters, and Redis makes a
@@ -85,15 +86,25 @@ for i = 1, #KEYS / kr do
     local mi = ssub(req, i3 + 1, i4 and i4 - 1 or -1)
     local nb = nil
     local at = sfind(mi, '@', 1, true)
-    if at then nb, mi = tonum(ssub(mi, at + 1)), ssub(mi, 1, at - 1) end
+    if at then
+      nb = tonum(ssub(mi, at + 1))
+      mi = ssub(mi, 1, at - 1)
+    end
     local plus = sfind(mi, '+', 1, true)
+    local dmax = nil
     if plus then
-      local rel = tonum(now) + (tonum(ssub(mi, plus + 1)) or 0)
+      local d = ssub(mi, plus + 1)
+      local tl = sfind(d, '~', 1, true) -- a debounced request: "~<debounceMax ms>"
+      if tl then -- two statements: gopher-lua (miniredis) assigns d before it evaluates dmax's ssub
+        dmax = tonum(ssub(d, tl + 1))
+        d = ssub(d, 1, tl - 1)
+      end
+      local rel = tonum(now) + (tonum(d) or 0)
       if not nb or rel > nb then nb = rel end
       mi = ssub(mi, 1, plus - 1)
     end
     if nb and nb <= tonum(now) then nb = nil end
-    a.min_interval, a.not_before = small_num(mi), nb
+    a.min_interval, a.not_before, a.debounce_max = small_num(mi), nb, dmax
     if traced then a.links_next, a.links_new, a.tp = KEYS[k + 1], KEYS[k + 2], ssub(req, i4 + 1) end
     local served
     outcome, view, served = submit_one(a, vals)

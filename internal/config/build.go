@@ -124,6 +124,8 @@ func (c *Config) BuildJobs() ([]jobs.Job, error) {
 			Scope:       scope,
 			OnConflict:  jobs.Policy(j.OnConflict),
 			MinInterval: j.MinInterval.D(),
+			Debounce:    j.Debounce.D(),
+			DebounceMax: j.DebounceMax.D(),
 			Retry: jobs.RetryPolicy{
 				MaxAttempts: j.Retry.MaxAttempts,
 				Backoff:     j.Retry.Backoff.D(),

@@ -178,6 +178,12 @@ type Job struct {
 	// MinInterval throttles schedule and foreground requests after a
 	// success (default 0: never).
 	MinInterval Duration `yaml:"minInterval"`
+	// Debounce delays the runs that schedule and foreground requests start
+	// by this, and each later such request moves the start to now +
+	// debounce, never past the first request + debounceMax (default 1m).
+	// Default 0: off.
+	Debounce    Duration `yaml:"debounce"`
+	DebounceMax Duration `yaml:"debounceMax"`
 	// Retry of failed attempts.
 	Retry Retry `yaml:"retry"`
 	// LeaseTTL overrides runner.leaseTTL for this job.

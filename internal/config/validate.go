@@ -292,6 +292,14 @@ func validateJob(ps *problemSet, scope string, j *Job) {
 	if j.MinInterval < 0 {
 		ps.addf(p+".minInterval", "must not be negative")
 	}
+	switch {
+	case j.Debounce < 0 || j.Debounce.D() > jobs.DelayMax:
+		ps.addf(p+".debounce", "%s: want 0 (off) up to %s", j.Debounce, jobs.DelayMax)
+	case j.DebounceMax < 0 || j.DebounceMax.D() > jobs.DelayMax:
+		ps.addf(p+".debounceMax", "%s: want up to %s", j.DebounceMax, jobs.DelayMax)
+	case j.DebounceMax != 0 && j.DebounceMax < j.Debounce:
+		ps.addf(p+".debounceMax", "%s is below debounce %s", j.DebounceMax, j.Debounce)
+	}
 	if j.LeaseTTL != 0 && j.LeaseTTL < LeaseTTLMin {
 		ps.addf(p+".leaseTTL", "%s is below the minimum %s", j.LeaseTTL, LeaseTTLMin)
 	}

@@ -265,6 +265,16 @@ local function submit_one(a, vals)
       put('lane', lane)
       put('waiting', '')
       delayed, changed = false, true
+    elseif delayed and a.debounce_max then
+      -- a debounced request moves the start to its own not-before, never
+      -- past the run's first request + debounceMax
+      local nb, cap = a.not_before, (tonum(r.requestedAt) or tonum(now)) + a.debounce_max
+      if cap < nb then nb = cap end
+      if nb > (tonum(ssub(r.waiting, 11)) or 0) and r.entry and r.entry ~= '' then
+        rcall('ZADD', a.q.taken, 'XX', nb, r.entry)
+        put('waiting', 'notBefore ' .. nb)
+        changed = true
+      end
     end
     coalesce('joined', 'joined', vals[1], vals[2], cur, delayed)
     -- A person joining a queued bulk run promotes it to the people lane; a
