@@ -28,16 +28,7 @@ jobs:
 // TestHistoryPrintsCoalescedCounts: `runner history` shows how many
 // requests a coalesced event stands for, as the API's count does.
 func TestHistoryPrintsCoalescedCounts(t *testing.T) {
-	t.Setenv("TASKLEASE_TOKEN", "")
-	dir := t.TempDir()
-	srv := startServe(t, `
-runner:
-  id: history-test
-  leaseTTL: 3s
-  shutdownGrace: 1s
-log:
-  level: warn
-`+gatedJob(dir))
+	srv, dir := startGatedServe(t, "history-test")
 	S := []string{"--server", srv.url}
 	cmd := func(args ...string) result {
 		t.Helper()

@@ -18,16 +18,7 @@ import (
 // by a later request, as a cron's would be) in the same script, so the
 // stream never shows the served run ended.
 func TestSubmitWaitQueuedFollowsItsFollowUp(t *testing.T) {
-	t.Setenv("TASKLEASE_TOKEN", "")
-	dir := t.TempDir()
-	srv := startServe(t, `
-runner:
-  id: wait-test
-  leaseTTL: 3s
-  shutdownGrace: 1s
-log:
-  level: warn
-`+gatedJob(dir))
+	srv, dir := startGatedServe(t, "wait-test")
 	S := []string{"--server", srv.url}
 	end := func(runID string, code int) {
 		t.Helper()
@@ -96,16 +87,7 @@ log:
 // queued request ends then, exit 1, instead of waiting for a run that
 // never comes.
 func TestSubmitWaitQueuedEndsWhenItsFollowUpIsDropped(t *testing.T) {
-	t.Setenv("TASKLEASE_TOKEN", "")
-	dir := t.TempDir()
-	srv := startServe(t, `
-runner:
-  id: wait-test
-  leaseTTL: 3s
-  shutdownGrace: 1s
-log:
-  level: warn
-`+gatedJob(dir))
+	srv, _ := startGatedServe(t, "wait-test")
 	S := []string{"--server", srv.url}
 	wantCode(t, runCmd(t, append([]string{"submit", "u1", "gated"}, S...)...), exitOK, "submit u1 gated")
 	var first jobs.TaskView
@@ -137,4 +119,22 @@ log:
 	case <-time.After(15 * time.Second):
 		t.Fatalf("submit --wait still waiting after a cancel dropped its follow-up (run %s cancelled)", first.RunID)
 	}
+}
+
+// startGatedServe runs `serve` (runner id id, no token) with the gated
+// job, whose runs end when the test writes their exit code into dir
+// (gatedJob).
+func startGatedServe(t *testing.T, id string) (srv *testServer, dir string) {
+	t.Helper()
+	t.Setenv("TASKLEASE_TOKEN", "")
+	dir = t.TempDir()
+	srv = startServe(t, `
+runner:
+  id: `+id+`
+  leaseTTL: 3s
+  shutdownGrace: 1s
+log:
+  level: warn
+`+gatedJob(dir))
+	return srv, dir
 }
