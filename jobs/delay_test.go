@@ -214,3 +214,25 @@ func TestDebounceSkipsManual(t *testing.T) {
 		t.Fatalf("a manual request of a debounced job was delayed to %v", res.Task.NotBefore)
 	}
 }
+
+// A cancel ends a delayed run at once and leaves nothing in the taken set.
+func TestCancelDelayedRun(t *testing.T) {
+	t.Parallel()
+	m := redistest.StartMini(t)
+	e := newEnv(t, m.Client(t), Config{Prefix: "dc", Partitions: 1, Jobs: []Job{clJob("sync", Stage{Name: "a", Handler: &counter{}})}})
+	if _, err := e.reg.Submit(context.Background(), "u1", "sync", SubmitOptions{Delay: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := e.rdb.ZCard(context.Background(), e.reg.ks.Taken(0)).Result(); n != 1 {
+		t.Fatalf("taken set holds %d entries after a delayed submit, want its 1", n)
+	}
+	if o, err := e.reg.Cancel(context.Background(), "u1", "sync"); err != nil || o != CancelCancelled {
+		t.Fatalf("cancel: %s, %v; want cancelled", o, err)
+	}
+	if v, _ := e.reg.Get(context.Background(), "u1", "sync"); v.Status != StatusCancelled || v.NotBefore != nil {
+		t.Fatalf("after the cancel: %s, notBefore %v", v.Status, v.NotBefore)
+	}
+	if n, _ := e.rdb.ZCard(context.Background(), e.reg.ks.Taken(0)).Result(); n != 0 {
+		t.Errorf("taken set holds %d entries after the cancel, want none", n)
+	}
+}
