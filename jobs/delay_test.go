@@ -236,3 +236,29 @@ func TestCancelDelayedRun(t *testing.T) {
 		t.Errorf("taken set holds %d entries after the cancel, want none", n)
 	}
 }
+
+// A cron fan-out (SubmitMany) of a debounced job delays the runs it starts
+// too; a manual bulk request does not.
+func TestDebounceFanOut(t *testing.T) {
+	t.Parallel()
+	m := redistest.StartMini(t)
+	job := clJob("sync", Stage{Name: "a", Handler: &counter{}})
+	job.Debounce = 5 * time.Second
+	e := newEnv(t, m.Client(t), Config{Prefix: "dbf", Jobs: []Job{job}})
+	subjects := []string{"u1", "u2", "u3"}
+	if _, err := e.reg.SubmitMany(context.Background(), "sync", subjects, SubmitManyOptions{Source: SourceSchedule}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.reg.SubmitMany(context.Background(), "sync", []string{"m1"}, SubmitManyOptions{Source: SourceManual}); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range subjects {
+		v, err := e.reg.Get(context.Background(), s, "sync")
+		if err != nil || v.NotBefore == nil || v.RequestedAt == nil || !v.NotBefore.Equal(v.RequestedAt.Add(job.Debounce)) {
+			t.Errorf("%s after a scheduled fan-out: notBefore %v, requested %v (%v); want requested + %s", s, v.NotBefore, v.RequestedAt, err, job.Debounce)
+		}
+	}
+	if v, err := e.reg.Get(context.Background(), "m1", "sync"); err != nil || v.NotBefore != nil {
+		t.Errorf("m1 after a manual bulk request: notBefore %v (%v), want none", v.NotBefore, err)
+	}
+}

@@ -85,6 +85,14 @@ func (r *Registry) SubmitMany(ctx context.Context, scope string, subjects []stri
 		p := r.ks.Partition(k)
 		byPart[p] = append(byPart[p], i)
 	}
+	// A debounced job delays what the fan-out starts, as it does any
+	// request but a manual one (Job.Debounce).
+	var timing []byte
+	if job.Debounce > 0 && opts.Source != SourceManual {
+		timing = appendTiming(nil, job.MinInterval.Milliseconds(), job.Debounce.Milliseconds(), job.DebounceMax.Milliseconds(), 0)
+	} else {
+		timing = appendTiming(nil, job.MinInterval.Milliseconds(), 0, 0, 0)
+	}
 	var calls []*scriptCall
 	var idxs [][]int
 	for p, idx := range byPart {
@@ -93,7 +101,7 @@ func (r *Registry) SubmitMany(ctx context.Context, scope string, subjects []stri
 			c.keys = append(c.keys, r.ks.QueueKeys(p)...)
 			c.keys = append(c.keys, r.ks.Index(p), r.ks.Subjects(p, scope), r.ks.Retry(p), r.ks.Watch(p))
 			c.args = append(c.args, scope, string(opts.Source), string(opts.Policy), r.stagesCSV[scope],
-				job.Retry.MaxAttempts, job.MinInterval.Milliseconds(), r.histCap, r.ks.Events(p), r.ks.Cancels(p),
+				job.Retry.MaxAttempts, string(timing), r.histCap, r.ks.Events(p), r.ks.Cancels(p),
 				r.retention.Milliseconds(), occField, occ)
 			for _, i := range chunk {
 				c.keys = append(c.keys, r.ks.Task(keys[i]), r.ks.History(keys[i]))

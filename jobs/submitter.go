@@ -123,24 +123,33 @@ func (q *submitReq) requestArg(traced bool) string {
 	b = append(b, histSep...)
 	b = strconv.AppendInt(b, int64(q.maxAttempts), 10)
 	b = append(b, histSep...)
-	b = strconv.AppendInt(b, q.minInterval, 10)
-	if q.delay > 0 {
-		b = append(b, '+')
-		b = strconv.AppendInt(b, q.delay, 10)
-		if q.debounceMax > 0 {
-			b = append(b, '~')
-			b = strconv.AppendInt(b, q.debounceMax, 10)
-		}
-	}
-	if q.notBefore > 0 {
-		b = append(b, '@')
-		b = strconv.AppendInt(b, q.notBefore, 10)
-	}
+	b = appendTiming(b, q.minInterval, q.delay, q.debounceMax, q.notBefore)
 	if traced {
 		b = append(b, histSep...)
 		b = append(b, q.traceparent...)
 	}
 	return string(b)
+}
+
+// appendTiming appends a request's timing field (lib/submitting.lua
+// request_timing): the min interval (ms), then for a delayed request
+// "+<delay ms>", "~<debounceMax ms>" when it is debounced, and
+// "@<not before, unix ms>".
+func appendTiming(b []byte, minInterval, delay, debounceMax, notBefore int64) []byte {
+	b = strconv.AppendInt(b, minInterval, 10)
+	if delay > 0 {
+		b = append(b, '+')
+		b = strconv.AppendInt(b, delay, 10)
+		if debounceMax > 0 {
+			b = append(b, '~')
+			b = strconv.AppendInt(b, debounceMax, 10)
+		}
+	}
+	if notBefore > 0 {
+		b = append(b, '@')
+		b = strconv.AppendInt(b, notBefore, 10)
+	}
+	return b
 }
 
 // boolFlag is a script's boolean argument.

@@ -80,31 +80,8 @@ for i = 1, #KEYS / kr do
     a.task, a.hist, a.q, a.index, a.part = task, tag .. ':history:' .. key, part.q, part.index, part
     a.tag, a.key, a.source, a.policy, a.run_id = tag, key, SOURCE_OF[sb], POLICY_OF[pb], ssub(req, 3, i1 - 1)
     a.stages, a.max_attempts = ssub(req, i1 + 1, i2 - 1), ssub(req, i2 + 1, i3 - 1)
-    -- minInterval, then "+<delay ms>" and/or "@<not before, ms>" when the
-    -- request is delayed (jobs.requestArg): a delayed run is created
-    -- queued and not started before the later of the two
-    local mi = ssub(req, i3 + 1, i4 and i4 - 1 or -1)
-    local nb = nil
-    local at = sfind(mi, '@', 1, true)
-    if at then
-      nb = tonum(ssub(mi, at + 1))
-      mi = ssub(mi, 1, at - 1)
-    end
-    local plus = sfind(mi, '+', 1, true)
-    local dmax = nil
-    if plus then
-      local d = ssub(mi, plus + 1)
-      local tl = sfind(d, '~', 1, true) -- a debounced request: "~<debounceMax ms>"
-      if tl then -- two statements: gopher-lua (miniredis) assigns d before it evaluates dmax's ssub
-        dmax = tonum(ssub(d, tl + 1))
-        d = ssub(d, 1, tl - 1)
-      end
-      local rel = tonum(now) + (tonum(d) or 0)
-      if not nb or rel > nb then nb = rel end
-      mi = ssub(mi, 1, plus - 1)
-    end
-    if nb and nb <= tonum(now) then nb = nil end
-    a.min_interval, a.not_before, a.debounce_max = small_num(mi), nb, dmax
+    -- minInterval, and a delayed request's delay (lib/submitting.lua request_timing)
+    a.min_interval, a.not_before, a.debounce_max = request_timing(ssub(req, i3 + 1, i4 and i4 - 1 or -1), now)
     if traced then a.links_next, a.links_new, a.tp = KEYS[k + 1], KEYS[k + 2], ssub(req, i4 + 1) end
     local served
     outcome, view, served = submit_one(a, vals)

@@ -10,7 +10,9 @@
 -- KEYS[7] partition retry queue   KEYS[8] partition watch key
 -- KEYS[7+2i] task record of subject i   KEYS[8+2i] its history   (i = 1..n)
 -- ARGV[1] scope   ARGV[2] source   ARGV[3] policy   ARGV[4] stages (comma list)
--- ARGV[5] maxAttempts   ARGV[6] minInterval (ms)   ARGV[7] history cap
+-- ARGV[5] maxAttempts   ARGV[6] minInterval (ms), with a debounced
+--   job's delay (lib/submitting.lua request_timing; jobs.timingArg)
+-- ARGV[7] history cap
 -- ARGV[8] events channel   ARGV[9] cancel channel
 -- ARGV[10] retention (ms)   ARGV[11] occurrence field ('' for none)
 -- ARGV[12] occurrence value
@@ -22,9 +24,10 @@ local n = (#KEYS - 8) / 2
 -- submit_one's arguments, one table for the batch (see submit.lua)
 local a = {q = queue_at(KEYS, 1), index = KEYS[5], subjects = KEYS[6], part = {events = ARGV[8], watch = KEYS[8]},
   tag = tag_of(KEYS[7]), -- a replace names the retry queue (KEYS[7]) and cancel channel (ARGV[9]) from it
-  source = ARGV[2], policy = ARGV[3], stages = ARGV[4], max_attempts = ARGV[5], min_interval = tonum(ARGV[6]),
+  source = ARGV[2], policy = ARGV[3], stages = ARGV[4], max_attempts = ARGV[5],
   cap = ARGV[7], retention = ARGV[10],
   occ_field = ARGV[11], occ = ARGV[12], now = now}
+a.min_interval, a.not_before, a.debounce_max = request_timing(ARGV[6], now)
 local ff = fast_of(ARGV[2], ARGV[3], ARGV[2] .. ' ' .. ARGV[3])
 for i = 1, n do
   local subject = ARGV[11 + 2 * i]

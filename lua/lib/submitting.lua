@@ -90,6 +90,36 @@ local function fast_of(src, policy, k)
   return f
 end
 
+-- request_timing reads a request's timing field (jobs.timingArg):
+-- "<minInterval ms>", followed for a delayed request by "+<delay ms>" —
+-- and "~<debounceMax ms>" for a debounced one — and/or "@<not before, unix
+-- ms>". Returns the min interval, the not-before time (ms, a number; nil
+-- when not delayed or already due at now) and the debounce bound (or nil).
+-- (One statement per variable: gopher-lua, miniredis's Lua, assigns a
+-- multiple assignment's first target before it evaluates the others.)
+local function request_timing(field, now)
+  local nb, dmax = nil, nil
+  local at = sfind(field, '@', 1, true)
+  if at then
+    nb = tonum(ssub(field, at + 1))
+    field = ssub(field, 1, at - 1)
+  end
+  local plus = sfind(field, '+', 1, true)
+  if plus then
+    local d = ssub(field, plus + 1)
+    local tl = sfind(d, '~', 1, true)
+    if tl then
+      dmax = tonum(ssub(d, tl + 1))
+      d = ssub(d, 1, tl - 1)
+    end
+    local rel = tonum(now) + (tonum(d) or 0)
+    if not nb or rel > nb then nb = rel end
+    field = ssub(field, 1, plus - 1)
+  end
+  if nb and nb <= tonum(now) then nb = nil end
+  return small_num(field), nb, dmax
+end
+
 -- POLICY_OF and SOURCE_OF name a request's policy and source by the
 -- letter (its first, as a byte) it travels as in submit.lua's request
 -- argument (jobs.requestArg).
