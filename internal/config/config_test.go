@@ -3,6 +3,7 @@ package config
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -996,5 +997,28 @@ func TestTracingOn(t *testing.T) {
 	}
 	if _, err := Parse([]byte("tracing: {enabeld: true}\n")); err == nil {
 		t.Error("a misspelt tracing key was accepted")
+	}
+}
+
+// A job's debounce: defaults, bounds and the problems' paths.
+func TestDebounceConfig(t *testing.T) {
+	const job = "jobs: {j: {%s stages: [{name: a, exec: [x]}]}}\n"
+	c := mustParse(t, fmt.Sprintf(job, "debounce: 5s,"))
+	js, err := c.BuildJobs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if js[0].Debounce != 5*time.Second {
+		t.Errorf("debounce %v, want 5s", js[0].Debounce)
+	}
+	for _, c := range []struct{ body, path, msg string }{
+		{"debounce: -1s,", "jobs.j.debounce", "negative"},
+		{"debounce: 2m, debounceMax: 1m,", "jobs.j.debounceMax", "below debounce"},
+		{"debounce: 1000h,", "jobs.j.debounce", "up to"},
+	} {
+		_, err := Parse([]byte(fmt.Sprintf(job, c.body)))
+		if err == nil || !strings.Contains(err.Error(), c.path) || !strings.Contains(err.Error(), c.msg) {
+			t.Errorf("%s: %v, want a problem at %s saying %q", c.body, err, c.path, c.msg)
+		}
 	}
 }

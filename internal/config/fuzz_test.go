@@ -33,6 +33,10 @@ func FuzzParse(f *testing.F) {
 		"token: ${HOME:-x}$${Y}\n",
 		"--- \n...\n",
 		"schedules: [{cron: \"TZ=\"}]",
+		"jobs: {a: {debounce: 5s, debounceMax: 1m, stages: [{name: x, exec: [\"true\"]}]}}\n",
+		"jobs: {a: {debounce: 2m, debounceMax: 1m, stages: [{name: x, exec: [\"true\"]}]}}\n",
+		"jobs: {a: {debounce: -1s, stages: [{name: x, exec: [\"true\"]}]}}\n",
+		"runner: {execStarts: 0}\n",
 	} {
 		f.Add([]byte(s))
 	}
