@@ -701,3 +701,17 @@ func (o overlayFS) Open(name string) (fs.File, error) {
 	}
 	return o.base.Open(name)
 }
+
+// readmeMaxLines keeps README.md the storefront: detail goes to a page
+// under docs/ (the README links them).
+const readmeMaxLines = 350
+
+func TestREADMEIsShort(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(b), "\n"); n > readmeMaxLines {
+		t.Errorf("README.md has %d lines, at most %d: move detail to a page under docs/ and link it", n, readmeMaxLines)
+	}
+}
