@@ -16,6 +16,10 @@ type ForegroundResult struct {
 	Scope string `json:"scope"`
 	// Outcome is what the registry did with it (started, joined, ...).
 	Outcome jobs.Outcome `json:"outcome"`
+	// RunID is the run that serves the request (jobs.SubmitResult.RunID):
+	// for queued and replaced, the follow-up; empty when skipped or
+	// throttled.
+	RunID string `json:"runId,omitempty"`
 	// Task is the task's view after the request, e.g. the running run it
 	// joined.
 	Task jobs.TaskView `json:"task"`
@@ -70,7 +74,7 @@ func Foreground(ctx context.Context, reg *jobs.Registry, subject string, scopes 
 		if err != nil {
 			return out, err
 		}
-		out = append(out, ForegroundResult{Scope: sc, Outcome: res.Outcome, Task: res.Task})
+		out = append(out, ForegroundResult{Scope: sc, Outcome: res.Outcome, RunID: res.RunID, Task: res.Task})
 	}
 	return out, nil
 }

@@ -48,8 +48,9 @@ func TestForeground(t *testing.T) {
 			t.Fatalf("res %+v, err %v; want one joined", res, err)
 		}
 		b, err := json.Marshal(res[0])
-		if err != nil || !strings.Contains(string(b), `"scope":"course_sync","outcome":"joined","task":{`) {
-			t.Errorf("json %s, %v", b, err)
+		want := `"scope":"course_sync","outcome":"joined","runId":"` + res[0].Task.RunID + `","task":{`
+		if err != nil || res[0].RunID == "" || !strings.Contains(string(b), want) {
+			t.Errorf("json %s, %v; want the run that serves it named", b, err)
 		}
 	})
 

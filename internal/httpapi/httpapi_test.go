@@ -467,7 +467,7 @@ func TestForegroundHook(t *testing.T) {
 		t.Fatalf("want one result: %s", r.raw)
 	}
 	res := results[0].(map[string]any)
-	if len(res) != 3 || res["scope"] != "course_sync" || res["outcome"] != "started" {
+	if len(res) != 4 || res["scope"] != "course_sync" || res["outcome"] != "started" || res["runId"] == "" {
 		t.Fatalf("result %v", res)
 	}
 	v := checkTaskView(t, res["task"])
