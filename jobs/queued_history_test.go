@@ -1,9 +1,11 @@
 package jobs
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -125,7 +127,9 @@ func TestCancelledFollowUpKeepsItsRequests(t *testing.T) {
 	const subject, scope = "u1", "course_sync"
 	for _, b := range redistest.Backends(t, redistest.WithSharedCluster) {
 		t.Run(b.Name, func(t *testing.T) {
-			h := newClHold(1)
+			// The first run's stage ignores its cancel until released, so
+			// the run is still stopping when the later request comes.
+			h := &qhStubborn{entered: make(chan struct{}, 1), release: make(chan struct{})}
 			e := newEnv(t, b.Client, Config{Prefix: "qc", Jobs: []Job{polTwoStages(scope, h, &counter{})}})
 			clStartRunner(e, RunnerConfig{ID: "pod-qc"}, 1)
 
@@ -138,8 +142,9 @@ func TestCancelledFollowUpKeepsItsRequests(t *testing.T) {
 			}
 			// queued while the cancelled run is still stopping: a new follow-up
 			later := clSubmit(t, e.reg, subject, scope, SourceSchedule, PolicyQueue)
-			if dropped.RunID == "" || later.RunID == "" || later.RunID == dropped.RunID {
-				t.Fatalf("follow-ups %q (dropped) and %q (queued after the cancel): want two ids", dropped.RunID, later.RunID)
+			close(h.release)
+			if later.Outcome != OutcomeQueued || dropped.RunID == "" || later.RunID == "" || later.RunID == dropped.RunID {
+				t.Fatalf("follow-ups %q (dropped) and %q (%s after the cancel): want two ids, the second queued", dropped.RunID, later.RunID, later.Outcome)
 			}
 			next := polWaitRun(e, subject, scope, first.Task.RunID, 10*time.Second, StatusDone, StatusFailed, StatusCancelled)
 			if next.RunID != later.RunID {
@@ -177,4 +182,21 @@ func qhDump(evs []Event) string {
 		fmt.Fprintf(&b, "  %s run %s source=%s stage=%s outcome=%s count=%d error=%s\n", e.Event, e.RunID, e.Source, e.Stage, e.Outcome, e.Count, e.Error)
 	}
 	return b.String()
+}
+
+// qhStubborn is a stage whose first execution returns only when release
+// is closed, whatever its context says (a stage slow to stop); later ones
+// return at once.
+type qhStubborn struct {
+	calls   atomic.Int32
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (s *qhStubborn) RunStage(ctx context.Context, run *Run) error {
+	if s.calls.Add(1) == 1 {
+		s.entered <- struct{}{}
+		<-s.release
+	}
+	return nil
 }
