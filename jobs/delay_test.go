@@ -173,9 +173,31 @@ func TestDebounce(t *testing.T) {
 					if err != nil || v.NotBefore == nil {
 						t.Fatalf("after the burst: notBefore %v (%v)", v.NotBefore, err)
 					}
-					// exact by miniredis's clock; real time between requests adds a little
-					if got := v.NotBefore.Sub(*first.Task.RequestedAt); got < c.wantNotBefore || got > c.wantNotBefore+400*time.Millisecond {
-						t.Errorf("not before first request + %s, want + %s", got, c.wantNotBefore)
+					// By Redis time: the last request + debounce, at most the
+					// first + debounceMax (on miniredis exactly c.wantNotBefore
+					// after the first).
+					var last time.Time
+					for _, ev := range clHistory(t, e.reg, "u1", "sync") {
+						if ev.RunID == first.RunID && (ev.Event == "requested" || ev.Event == "joined") {
+							at := ev.At
+							if ev.LastAt != nil {
+								at = *ev.LastAt
+							}
+							if at.After(last) {
+								last = at
+							}
+						}
+					}
+					want := last.Add(job.Debounce)
+					if capAt := first.Task.RequestedAt.Add(c.max); capAt.Before(want) {
+						want = capAt
+					}
+					if !v.NotBefore.Equal(want) {
+						t.Errorf("not before %s, want %s (last request %s + %s, at most first %s + %s)",
+							v.NotBefore, want, last, job.Debounce, first.Task.RequestedAt, c.max)
+					}
+					if b.Name == "miniredis" && v.NotBefore.Sub(*first.Task.RequestedAt) != c.wantNotBefore {
+						t.Errorf("not before first request + %s, want + %s", v.NotBefore.Sub(*first.Task.RequestedAt), c.wantNotBefore)
 					}
 					e.startRunner(RunnerConfig{ID: "pod-db", ReclaimInterval: 50 * time.Millisecond})
 					b.Advance(c.wantNotBefore)
