@@ -52,6 +52,8 @@ type Config struct {
 	Retention time.Duration
 	// Jobs are the scopes this registry accepts, with their stages.
 	Jobs []Job
+	// Limiters are the named fleet-wide limiters jobs use (Job.Limiters).
+	Limiters []Limiter
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
 	// Metrics, when set, receives tasklease's Prometheus collectors.
@@ -87,6 +89,10 @@ type Registry struct {
 	scripts    scripts
 	hub        *hub         // the one pub/sub connection of this Registry
 	tracer     trace.Tracer // nil: tracing off
+	// limiters by name, the jobs' own included ("job.<scope>"), and the
+	// limiters each limited job's runs hold, in the order they take them.
+	limiters  map[string]*limiterDef
+	jobLimits map[string][]*limiterDef
 }
 
 // isCluster reports whether rdb is a Redis Cluster client.
@@ -103,6 +109,7 @@ func isSingleNode(rdb redis.UniversalClient) bool {
 
 type scripts struct {
 	submit, submitMany, claim, readNext, reclaim, heartbeat, finish, cancel, retryMove, janitor, resume, runnerBeat *redis.Script
+	limiterAcquire, limiterRenew, limiterRelease, limiterWait                                                   *redis.Script
 }
 
 // NewRegistry validates cfg and returns a Registry on rdb.
@@ -156,6 +163,11 @@ func NewRegistry(rdb redis.UniversalClient, cfg Config) (*Registry, error) {
 			retryMove:  lua.MustScript("retry_move"),
 			resume:     lua.MustScript("resume"),
 			runnerBeat: lua.MustScript("runner_beat"),
+
+			limiterAcquire: lua.MustScript("limiter_acquire"),
+			limiterRenew:   lua.MustScript("limiter_renew"),
+			limiterRelease: lua.MustScript("limiter_release"),
+			limiterWait:    lua.MustScript("limiter_wait"),
 		},
 	}
 	if isCluster(rdb) {
@@ -187,6 +199,9 @@ func NewRegistry(rdb redis.UniversalClient, cfg Config) (*Registry, error) {
 		r.stagesCSV[j.Scope] = strings.Join(j.StageNames(), ",")
 	}
 	slices.Sort(r.scopes)
+	if err := r.buildLimiters(cfg.Limiters); err != nil {
+		return nil, err
+	}
 	if r.leases, err = leasing.NewManager(rdb, leasing.Config{Prefix: ks.Prefix(), Partitions: ks.Partitions(), FenceTTL: cfg.Retention}); err != nil {
 		return nil, err
 	}

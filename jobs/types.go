@@ -204,7 +204,22 @@ type Job struct {
 	// Foreground: requests from the foreground hook without explicit scopes
 	// submit this job.
 	Foreground bool
+	// Limiters names the fleet-wide limiters (Config.Limiters) a run of
+	// this job holds while it executes: jobs calling the same remote store
+	// share one.
+	Limiters []string
+	// Concurrency caps this job's runs executing at once across the fleet;
+	// Rate paces their starts. Together they are a limiter of the job's
+	// own, named "job.<scope>". 0 and the zero Rate: none.
+	Concurrency int
+	Rate        Rate
+	// Fairness groups the job's runs for fair share while they wait for a
+	// limiter; the zero value puts them all in one group (oldest first).
+	Fairness Fairness
 }
+
+// limited reports whether the job's runs take limiter slots.
+func (j *Job) limited() bool { return len(j.Limiters) > 0 || j.Concurrency > 0 || !j.Rate.IsZero() }
 
 // StageNames returns the job's stage names in order.
 func (j *Job) StageNames() []string {
@@ -246,6 +261,18 @@ func (j *Job) normalize() error {
 	if j.Debounce > DelayMax || j.DebounceMax > DelayMax || (j.Debounce > 0 && j.DebounceMax < j.Debounce) {
 		return fmt.Errorf("%w: job %s: debounce %s, debounceMax %s: want debounce <= debounceMax <= %s",
 			ErrConfig, j.Scope, j.Debounce, j.DebounceMax, DelayMax)
+	}
+	if err := validateLimits("job "+j.Scope, j.Concurrency, &j.Rate); err != nil {
+		return err
+	}
+	switch j.Fairness.GroupBy {
+	case "", FairnessRequest:
+	case FairnessSubjectPrefix:
+		if j.Fairness.Separator == "" {
+			j.Fairness.Separator = ":"
+		}
+	default:
+		return fmt.Errorf("%w: job %s: fairness groupBy %q (want subjectPrefix or request)", ErrConfig, j.Scope, j.Fairness.GroupBy)
 	}
 	r := &j.Retry
 	if r.MaxAttempts == 0 {

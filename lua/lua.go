@@ -41,6 +41,7 @@ var libFiles = []string{
 	"lib/runs.lua",
 	"lib/submitting.lua",
 	"lib/claiming.lua",
+	"lib/limiters.lua",
 }
 
 // readLib returns the helpers: libFiles as one chunk, blank-line separated.

@@ -1,0 +1,191 @@
+-- lib/limiters.lua: fleet-wide limiters (limiter_acquire.lua,
+-- limiter_renew.lua, limiter_release.lua). A limiter's keys share one hash
+-- tag, "{<prefix>:limiter:<name>}", so on Redis Cluster a limiter lives in
+-- a slot of its own; every key is derived from KEYS[1], the limiter's hash:
+--   <L>          hash: n (slots made), token (slot fencing counter), seq
+--                (waiting order), tat (GCRA theoretical arrival, ms),
+--                holdUntil (ms)
+--   <L>:slots    sorted set: slot number → expiry (ms; 0 = never used or
+--                released). A slot is free when its expiry is past, so a
+--                dead holder's slot frees itself.
+--   <L>:holders  hash: slot number → owner US token US state US lane US
+--                group US member (state 'h' held, 'r' reserved for a
+--                waiter popped for owner and not yet renewed)
+--   <L>:wmeta    hash: waiting member → lane US group
+--   <L>:wp       sorted set: people's waiting members by arrival
+--   <L>:wg:<g>   sorted set: group g's waiting members by arrival
+--   <L>:groups   list: groups with waiting members, in turn order
+-- A member is a request entry (the run it names is claimed after its
+-- grant); the slot's number and token let a downstream fence the slot:
+-- one accepted writer per slot number at any instant.
+-- lim_conf fields (comma-separated, jobs.limiterDef.conf): concurrency
+-- (0: none), GCRA emission interval (ms, 0: no rate), burst.
+
+local LUS = '\31'
+
+-- lim_open returns the limiter's state for one call: keys, configuration
+-- and Redis time; the slots are (re)made when the concurrency changed.
+local function lim_open(base, conf, ttl)
+  local cf = split(conf, ',')
+  local l = {base = base, slots = base .. ':slots', holders = base .. ':holders', wmeta = base .. ':wmeta',
+    wp = base .. ':wp', groups = base .. ':groups', conc = tonum(cf[1]) or 0, interval = tonum(cf[2]) or 0,
+    burst = tonum(cf[3]) or 1, ttl = tonum(ttl) or 0}
+  if l.burst < 1 then l.burst = 1 end
+  l.now = tonum(now_ms())
+  local h = rcall('HMGET', base, 'n', 'tat', 'holdUntil')
+  l.tat = tonum(h[2]) or 0
+  l.hold = tonum(h[3]) or 0
+  local made = tonum(h[1]) or 0
+  if made ~= l.conc then
+    for i = 0, l.conc - 1 do rcall('ZADD', l.slots, 'NX', 0, i) end
+    -- Slots beyond a lowered concurrency go when free; held ones when
+    -- released (lim_free).
+    for i = l.conc, made - 1 do
+      local s = tonum(rcall('ZSCORE', l.slots, i))
+      if s and s <= l.now then
+        rcall('ZREM', l.slots, i)
+        rcall('HDEL', l.holders, i)
+      end
+    end
+    rcall('HSET', base, 'n', l.conc)
+  end
+  return l
+end
+
+-- lim_holder returns slot i's holder fields {owner, token, state, lane,
+-- group, member}, or nil.
+local function lim_holder(l, i)
+  local v = rcall('HGET', l.holders, i)
+  if not v then return nil end
+  local f = {}
+  local from = 1
+  for k = 1, 5 do
+    local at = sfind(v, LUS, from, true)
+    f[k] = ssub(v, from, at - 1)
+    from = at + 1
+  end
+  f[6] = ssub(v, from)
+  return f
+end
+
+-- lim_wait adds member to the waiting members (NX: a member waiting keeps
+-- its place); front puts it first in its queue (a reservation that
+-- expired unclaimed).
+local function lim_wait(l, member, lane, group, front)
+  if rcall('HSETNX', l.wmeta, member, lane .. LUS .. group) == 0 then return end
+  local score = 0
+  if not front then score = rcall('HINCRBY', l.base, 'seq', 1) end
+  if lane == 'p' then
+    rcall('ZADD', l.wp, score, member)
+  else
+    local q = l.base .. ':wg:' .. group
+    rcall('ZADD', q, score, member)
+    if rcall('ZCARD', q) == 1 then rcall('RPUSH', l.groups, group) end
+  end
+end
+
+-- lim_free_slot returns a free slot's number (its expiry past), or nil
+-- and the earliest expiry. A reservation found expired puts its waiter
+-- back first in line.
+local function lim_free_slot(l)
+  if l.conc == 0 then return -1 end
+  local s = rcall('ZRANGE', l.slots, 0, 0, 'WITHSCORES')
+  if #s == 0 then return nil, l.now + 1000 end
+  local i, exp = s[1], tonum(s[2])
+  if exp > l.now then return nil, exp end
+  if tonum(i) >= l.conc then -- left from a higher concurrency: gone now that it is free
+    rcall('ZREM', l.slots, i)
+    rcall('HDEL', l.holders, i)
+    return lim_free_slot(l)
+  end
+  if exp > 0 then
+    local h = lim_holder(l, i)
+    if h and h[3] == 'r' then lim_wait(l, h[6], h[4], h[5], true) end
+    rcall('HDEL', l.holders, i)
+  end
+  return i
+end
+
+-- lim_rate_next returns 0 when the rate admits a start now, else when it
+-- will (GCRA: at most burst at once, one per interval after).
+local function lim_rate_next(l)
+  if l.interval == 0 then return 0 end
+  local at = l.tat - (l.burst - 1) * l.interval
+  if at <= l.now then return 0 end
+  return at
+end
+
+-- lim_blocked returns nil when a start is admitted now (and the free
+-- slot's number, -1 without concurrency), else a reason and when to look
+-- again.
+local function lim_blocked(l)
+  if l.hold > l.now then return nil, 'held', l.hold end
+  local at = lim_rate_next(l)
+  if at > 0 then return nil, 'rate', at end
+  local i, exp = lim_free_slot(l)
+  if not i then return nil, 'full', exp end
+  return i
+end
+
+-- lim_take gives slot i to member for owner, charges the rate and returns
+-- the slot's new fencing token.
+local function lim_take(l, i, member, owner, state, lane, group)
+  local token = rcall('HINCRBY', l.base, 'token', 1)
+  if l.interval > 0 then
+    l.tat = math.max(l.tat, l.now) + l.interval
+    rcall('HSET', l.base, 'tat', string.format('%.3f', l.tat))
+  end
+  if tonum(i) >= 0 then
+    rcall('ZADD', l.slots, l.now + l.ttl, i)
+    rcall('HSET', l.holders, i, owner .. LUS .. token .. LUS .. state .. LUS .. lane .. LUS .. group .. LUS .. member)
+  end
+  return token
+end
+
+-- lim_pop removes the best waiting member — people first, then the groups
+-- in turn, oldest first within one — and returns it with its lane and
+-- group, or nil.
+local function lim_pop(l)
+  local p = rcall('ZPOPMIN', l.wp)
+  if #p > 0 then
+    rcall('HDEL', l.wmeta, p[1])
+    return p[1], 'p', ''
+  end
+  while true do
+    local g = rcall('LPOP', l.groups)
+    if not g then return nil end
+    local q = l.base .. ':wg:' .. g
+    local m = rcall('ZPOPMIN', q)
+    if #m > 0 then
+      if rcall('ZCARD', q) > 0 then rcall('RPUSH', l.groups, g) end
+      rcall('HDEL', l.wmeta, m[1])
+      return m[1], 'b', g
+    end
+  end
+end
+
+-- lim_pump reserves free slots for up to n waiting members, for owner,
+-- appending {member, slot, token} to out; returns when to look again
+-- (0: nothing waits) and how many still wait.
+local function lim_pump(l, owner, n, out)
+  while true do
+    if rcall('HLEN', l.wmeta) == 0 then return 0, 0 end
+    local i, _, at = lim_blocked(l)
+    if not i then return at, rcall('HLEN', l.wmeta) end
+    if n <= 0 then return l.now, rcall('HLEN', l.wmeta) end
+    local m, lane, group = lim_pop(l)
+    if not m then return 0, 0 end
+    out[#out + 1] = {m, tonum(i), lim_take(l, i, m, owner, 'r', lane, group)}
+    n = n - 1
+  end
+end
+
+-- lim_slot_of returns the slot member holds for owner (state 'h' or 'r')
+-- and its token, if its expiry is not past.
+local function lim_slot_of(l, i, member, owner, token)
+  local h = lim_holder(l, i)
+  if not h or h[6] ~= member or h[1] ~= owner or h[2] ~= token then return nil end
+  local exp = tonum(rcall('ZSCORE', l.slots, i))
+  if not exp or exp <= l.now then return nil end
+  return h
+end

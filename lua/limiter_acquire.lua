@@ -1,0 +1,47 @@
+-- limiter_acquire: requests of runs about to be claimed ask a limiter for
+-- a start: a concurrency slot and a rate token (lib/limiters.lua). One
+-- that is admitted gets a slot (number and fencing token) held for owner
+-- until now + ttl; the claim of its run follows, and the run's heartbeat
+-- renews the slot (limiter_renew.lua). One that is not waits: it joins the
+-- limiter's waiting members (people first, then groups in turn, then by
+-- arrival), and a slot freed later is reserved for it (lim_pump) by
+-- whichever runner frees it or looks next. While members wait, a newcomer
+-- waits behind them. The slots freed by the members that wait here are
+-- used at once for the best waiting members, reserved for owner.
+-- KEYS[1] the limiter's hash (its other keys are derived: lib/limiters.lua)
+-- ARGV[1] configuration (lib/limiters.lua lim_open)   ARGV[2] owner
+-- ARGV[3] slot ttl (ms)   then per member 3 values: the member (a request
+--         entry), its lane ('p' people, 'b' bulk), its fair-share group
+-- returns {results, reserved, look again at (ms, 0: none waits), waiting}
+--   results: per member {'g', slot, token} admitted (slot -1 without a
+--   concurrency) or {'w', reason, at}: waiting; reason 'full', 'rate',
+--   'held' (holdOnRetryAfter) or 'turn' (others wait first), at when to
+--   look again (ms)
+--   reserved: {member, slot, token} for each waiting member given a slot
+-- Cost of an admitted start: HMGET, TIME, HLEN, ZRANGE, HINCRBY, ZADD,
+-- HSET (and HSET of the rate's time when it has one).
+local l = lim_open(KEYS[1], ARGV[1], ARGV[3])
+local owner = ARGV[2]
+local res = {}
+local free = 0
+local waiting = rcall('HLEN', l.wmeta)
+for j = 4, #ARGV, 3 do
+  local member, lane, group = ARGV[j], ARGV[j + 1], ARGV[j + 2]
+  local i, why, at = nil, 'turn', l.now
+  if waiting == 0 then i, why, at = lim_blocked(l) end
+  if i then
+    res[#res + 1] = {'g', tonum(i), lim_take(l, i, member, owner, 'h', lane, group)}
+  else
+    if waiting > 0 and why == 'turn' then
+      local _, w2, at2 = lim_blocked(l)
+      if w2 then why, at = w2, at2 end
+    end
+    lim_wait(l, member, lane, group, false)
+    waiting = waiting + 1
+    free = free + 1
+    res[#res + 1] = {'w', why, tostring(at)}
+  end
+end
+local reserved = {}
+local next_at, left = lim_pump(l, owner, free, reserved)
+return {res, reserved, tostring(next_at), left}

@@ -1,0 +1,36 @@
+-- limiter_release: a run ends (or its claim was not granted) and gives
+-- back the slots it holds of one limiter; the freed slots go at once to
+-- the best waiting members (lib/limiters.lua lim_pump), reserved for
+-- owner, up to the count asked: the runner that frees a slot runs the
+-- next waiting run, so a freed slot wakes exactly one runner. With no
+-- slot given it is the pump of a runner that looks for waiting runs.
+-- KEYS[1] the limiter's hash
+-- ARGV[1] configuration (lim_open)   ARGV[2] owner   ARGV[3] slot ttl (ms)
+-- ARGV[4] waiting members to reserve slots for (0 or more)
+-- ARGV[5] hold (ms): the limiter holds its starts until now + hold
+--         (holdOnRetryAfter), 0 none
+-- ARGV[6] '1': the starts being given back never ran (their claims were
+--         not granted): their rate is refunded
+-- then per slot 3 values: slot number (-1: a rate-only limiter), token,
+-- member
+-- returns {reserved, look again at (ms, 0: none waits), waiting}
+local l = lim_open(KEYS[1], ARGV[1], ARGV[3])
+local owner = ARGV[2]
+if tonum(ARGV[5]) > 0 and l.now + tonum(ARGV[5]) > l.hold then
+  l.hold = l.now + tonum(ARGV[5])
+  rcall('HSET', l.base, 'holdUntil', l.hold)
+end
+for j = 7, #ARGV, 3 do
+  local i, token, member = ARGV[j], ARGV[j + 1], ARGV[j + 2]
+  if tonum(i) >= 0 and lim_slot_of(l, i, member, owner, token) then
+    rcall('ZADD', l.slots, 0, i)
+    rcall('HDEL', l.holders, i)
+  end
+  if ARGV[6] == '1' and l.interval > 0 then
+    l.tat = l.tat - l.interval
+    rcall('HSET', l.base, 'tat', string.format('%.3f', l.tat))
+  end
+end
+local reserved = {}
+local next_at, left = lim_pump(l, owner, tonum(ARGV[4]), reserved)
+return {reserved, tostring(next_at), left}
