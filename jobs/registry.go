@@ -109,7 +109,7 @@ func isSingleNode(rdb redis.UniversalClient) bool {
 
 type scripts struct {
 	submit, submitMany, claim, readNext, reclaim, heartbeat, finish, cancel, retryMove, janitor, resume, runnerBeat *redis.Script
-	limiterAcquire, limiterRenew, limiterRelease, limiterWait                                                   *redis.Script
+	limiterAcquire, limiterRenew, limiterRelease, limiterWait                                                       *redis.Script
 }
 
 // NewRegistry validates cfg and returns a Registry on rdb.
