@@ -70,6 +70,9 @@ const (
 	// claimPaused: the run's scope is paused; the entry was acknowledged
 	// and the run parked until the scope is resumed.
 	claimPaused claimKind = "paused"
+	// claimLimited: a read took the entry but did not claim it: its job
+	// has limiters, which admit the run first (admitAndStart).
+	claimLimited claimKind = "limited"
 )
 
 // claimResult is the decoded reply of claim.lua for one entry.
@@ -85,6 +88,7 @@ type claimResult struct {
 	prevStatus Status
 	sent       time.Time // when the claim was sent: the lease counts from here
 	ttl        time.Duration
+	slots      []slotGrant // the limiter starts the run holds (a limited job)
 }
 
 // leaseTTL is the lease TTL of runs of scope on this runner.

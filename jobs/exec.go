@@ -366,6 +366,9 @@ func execEnv(ctx context.Context, extra []string, run *Run) []string {
 	}
 	// Appended last: exec keeps the last value of a duplicate key, so the
 	// run's identity cannot be overridden by Env or the runner's environment.
+	if len(run.slots) > 0 {
+		env = append(env, "TASKLEASE_LIMITER_SLOTS="+limiterSlotsText(run.slots))
+	}
 	return append(env,
 		"TASKLEASE_KEY="+run.Key().String(),
 		"TASKLEASE_SUBJECT="+run.Subject(),

@@ -56,12 +56,30 @@ func (r *Runner) start(lr *localRun, c claimResult) {
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
-		defer r.release(1)
 		for n := 1; lr != nil; n++ {
-			next := r.execute(lr, c, n < chainMax)
+			next, reserved := r.execute(lr, c, n < chainMax)
 			lr.end()
-			lr, c = r.claimNext(next)
+			var limited []*admission
+			lr, c, limited = r.claimNext(next)
+			limited = append(reserved, limited...)
+			if len(limited) == 0 {
+				continue
+			}
+			held := 0
+			if lr == nil { // this goroutine's slot goes to the first
+				held = 1
+			}
+			got := held + r.tryAcquire(len(limited)-held)
+			r.abandon(limited[got:], 0)
+			if got > 0 {
+				if lr == nil {
+					r.admitWork(r.fetchCtx, limited[:got])
+					return
+				}
+				go r.admitWork(r.fetchCtx, limited[:got])
+			}
 		}
+		r.release(1)
 	}()
 }
 
@@ -74,9 +92,15 @@ type nextEntry struct {
 }
 
 // claimNext runs the first granted of the entries a finish took: claimed
-// by the finish already, or claimed here; nil when none was granted.
-func (r *Runner) claimNext(next []nextEntry) (*localRun, claimResult) {
-	for _, n := range next {
+// by the finish already, or claimed here; nil when none was granted. The
+// entries of limited jobs are returned to be admitted (admitWork).
+func (r *Runner) claimNext(next []nextEntry) (*localRun, claimResult, []*admission) {
+	var limited []*admission
+	for i, n := range next {
+		if n.claim == nil && r.limitedJob(n.e.key.Scope()) {
+			limited = append(limited, &admission{e: n.e})
+			continue
+		}
 		lr := r.newLocalRun(n.e)
 		c := n.claim
 		if c == nil {
@@ -93,18 +117,24 @@ func (r *Runner) claimNext(next []nextEntry) (*localRun, claimResult) {
 			c = &claims[0]
 		}
 		if c.kind == claimGranted {
-			return lr, *c
+			for _, rest := range next[i+1:] { // not claimed: reclaimed when due
+				if r.limitedJob(rest.e.key.Scope()) {
+					limited = append(limited, &admission{e: rest.e})
+				}
+			}
+			return lr, *c, limited
 		}
 		r.notGranted(n.e, *c)
 		lr.end()
 	}
-	return nil, claimResult{}
+	return nil, claimResult{}, limited
 }
 
 // execute runs a granted attempt under lr.ctx (cancelled on a registry
 // cancel) and finishes it; with readNext it returns the entries the finish
-// took for this goroutine's slot.
-func (r *Runner) execute(lr *localRun, c claimResult, readNext bool) []nextEntry {
+// took for this goroutine's slot, and for a limited run the waiting runs
+// its limiters reserved for this runner when it gave its slots back.
+func (r *Runner) execute(lr *localRun, c claimResult, readNext bool) (next []nextEntry, reserved []*admission) {
 	e, runCtx, cancelRun := lr.e, lr.ctx, lr.cancel
 	k, p, runID, source := e.key, e.p, e.runID, Source(e.source)
 	job := r.reg.jobs[k.Scope()]
@@ -127,16 +157,37 @@ func (r *Runner) execute(lr *localRun, c claimResult, readNext bool) []nextEntry
 	}
 
 	ks := r.reg.ks
-	keeper, err := leasing.NewKeeper(runCtx, lease.GrantedAt, leasing.KeeperConfig{TTL: lease.TTL,
+	// A limited run's slots are renewed with its lease and last no longer:
+	// the keeper keeps the shorter of their times.
+	keeperTTL := lease.TTL
+	for _, g := range c.slots {
+		keeperTTL = min(keeperTTL, r.slotTTL(g.lim))
+	}
+	if len(c.slots) > 0 {
+		readNext = false // a slot it frees goes to a waiting run (releaseGrants)
+		defer func() {
+			reserved = r.endLimited(c.slots, e.id, result, stageErr)
+		}()
+	}
+	keeper, err := leasing.NewKeeper(runCtx, lease.GrantedAt, leasing.KeeperConfig{TTL: keeperTTL,
 		Renew: func(ctx context.Context) error {
-			res, err := r.reg.scripts.heartbeat.Run(ctx, r.reg.gc,
-				[]string{ks.Lease(k), ks.Task(k), ks.Taken(p)},
-				lease.Owner, lease.Token, runID, lease.TTL.Milliseconds(), r.reclaimIdle.Milliseconds(), e.id).Slice()
+			hb := &scriptCall{script: r.reg.scripts.heartbeat, keys: []string{ks.Lease(k), ks.Task(k), ks.Taken(p)},
+				args: []any{lease.Owner, lease.Token, runID, lease.TTL.Milliseconds(), r.reclaimIdle.Milliseconds(), e.id}}
+			calls := append([]*scriptCall{hb}, r.renewCalls(c.slots, e.id)...)
+			if err := evalGrouped(ctx, r.reg.gc, calls); err != nil {
+				return err
+			}
+			res, err := hb.cmd.Slice()
 			if err != nil {
 				return err
 			}
 			if len(res) == 0 || res[0] != int64(1) {
 				return leasing.ErrNotHeld
+			}
+			for _, rc := range calls[1:] {
+				if n, err := rc.cmd.Int64(); err != nil || n != 1 {
+					return fmt.Errorf("limiter slot: %w", leasing.ErrNotHeld)
+				}
 			}
 			if len(res) > 1 && res[1] == "1" {
 				cancelRun(ErrCancelled)
@@ -145,14 +196,17 @@ func (r *Runner) execute(lr *localRun, c claimResult, readNext bool) []nextEntry
 		}})
 	if err != nil { // timing validated in NewRunner; unreachable in practice
 		log.Error("keeper", slog.Any("error", err))
-		return nil
+		return nil, nil
 	}
 	defer keeper.Stop()
 	kctx := keeper.Context()
 
 	run := &Run{key: k, runID: runID, attempt: c.attempt, sources: c.sources, source: source,
 		lease: lease, recovery: rec, stages: c.stages, cursor: rec.Cursor,
-		stopBy: lease.TTL / 3, store: r.reg.store, leases: r.reg.leases, starts: r.execStarts}
+		stopBy: keeperTTL / 3, store: r.reg.store, leases: r.reg.leases, starts: r.execStarts}
+	for _, g := range c.slots {
+		run.slots = append(run.slots, LimiterSlot{Limiter: g.lim.Name, Slot: g.slot, Token: g.token})
+	}
 
 	result = resultDone
 	completed := ""
@@ -211,9 +265,9 @@ func (r *Runner) execute(lr *localRun, c claimResult, readNext bool) []nextEntry
 		result = "lease-lost"
 		m.leaseLosses.WithLabelValues(k.Scope()).Inc()
 		log.Warn("lease lost; stopped without writing", slog.String("stage", run.stage), slog.Any("error", keeper.Err()))
-		return nil
+		return nil, nil
 	}
-	return r.finish(job, e, lease, result, completed, stageErr, c.attempt, readNext, log)
+	return r.finish(job, e, lease, result, completed, stageErr, c.attempt, readNext, log), nil
 }
 
 func (j *Job) stage(name string) *Stage {

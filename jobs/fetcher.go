@@ -58,12 +58,21 @@ func (r *Runner) confArgs() (read string, finish map[string]string) {
 		return []string{r.reg.stagesCSV[scope], strconv.Itoa(r.reg.jobs[scope].Retry.MaxAttempts),
 			strconv.FormatInt(r.leaseTTL(scope).Milliseconds(), 10)}
 	}
+	// a read claims the entries of a job with limiters only after they
+	// admit it: 'L' (read_next.lua)
+	limitedFlag := func(scope string) string {
+		if r.limitedJob(scope) {
+			return "L"
+		}
+		return ""
+	}
 	scopes := slices.Sorted(maps.Keys(r.reg.jobs))
 	fields := append(slices.Clone(common), strconv.Itoa(len(scopes)))
 	finish = make(map[string]string, len(scopes))
 	for _, scope := range scopes {
 		fields = append(fields, scope)
 		fields = append(fields, def(scope)...)
+		fields = append(fields, limitedFlag(scope))
 		finish[scope] = strings.Join(append(slices.Clone(common), def(scope)...), histSep)
 	}
 	return strings.Join(fields, histSep), finish
@@ -162,7 +171,7 @@ func (r *Runner) fetchLoop(ctx context.Context, p int) {
 			}
 			failures = 0
 			if len(next) > 0 {
-				r.startTaken(next, n)
+				r.startTaken(ctx, next, n)
 				continue
 			}
 			r.release(n)
@@ -185,7 +194,7 @@ func (r *Runner) fetchLoop(ctx context.Context, p int) {
 				}
 			case len(next) > 0:
 				failures = 0
-				r.startTaken(next, 1)
+				r.startTaken(ctx, next, 1)
 				// Let the run someone may be waiting for start before
 				// this goroutine's next read takes the processor.
 				runtime.Gosched()
@@ -274,13 +283,24 @@ func (r *Runner) waitAndRead(ctx context.Context, p int, bell, blockSeconds stri
 	}
 }
 
-// startTaken starts the runs a read claimed for this runner. The caller
-// holds n slots: one stays with each run started, the rest are released.
-func (r *Runner) startTaken(next []nextEntry, n int) {
+// startTaken starts the runs a read claimed for this runner, and takes
+// the entries of limited jobs through their limiters. The caller holds n
+// slots: one stays with each run started or admitted, the rest are
+// released.
+func (r *Runner) startTaken(ctx context.Context, next []nextEntry, n int) {
 	used := 0
+	var limited []entry
+	defer func() {
+		if len(limited) > 0 {
+			r.admitAndStart(ctx, limited)
+		}
+	}()
 	for _, t := range next {
 		switch {
 		case t.claim == nil: // unreadable: the entry is reclaimed when due
+		case t.claim.kind == claimLimited:
+			used++
+			limited = append(limited, t.e)
 		case t.claim.kind != claimGranted:
 			r.notGranted(t.e, *t.claim)
 		default:
@@ -302,6 +322,23 @@ func (r *Runner) claimAndStart(ctx context.Context, p int, es []entry) {
 		r.handBackEntries(ctx, es)
 		r.release(len(es))
 		return
+	}
+	if len(r.reg.jobLimits) > 0 {
+		var limited []entry
+		plain := es[:0:0]
+		for _, e := range es {
+			if r.limitedJob(e.key.Scope()) {
+				limited = append(limited, e)
+			} else {
+				plain = append(plain, e)
+			}
+		}
+		if len(limited) > 0 {
+			r.admitAndStart(ctx, limited)
+			if es = plain; len(es) == 0 {
+				return
+			}
+		}
 	}
 	runs := make([]*localRun, len(es))
 	for i, e := range es {

@@ -29,6 +29,9 @@ const (
 	// HTTPKeyHeader carries the run's task key, so a downstream guard can
 	// check the token without parsing the body (docs/stages.md, §10).
 	HTTPKeyHeader = "Tasklease-Key"
+	// HTTPLimiterSlotsHeader carries the limiter slots the run holds,
+	// "name:slot:token,..." (Run.LimiterSlots); absent without limiters.
+	HTTPLimiterSlotsHeader = "Tasklease-Limiter-Slots"
 )
 
 // httpDefaultClient is shared so idle connections are reused across runs.
@@ -129,6 +132,9 @@ func (h *HTTPStage) RunStage(ctx context.Context, run *Run) error {
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(HTTPFencingTokenHeader, strconv.FormatInt(run.FencingToken(), 10))
 	req.Header.Set(HTTPKeyHeader, run.Key().String())
+	if len(run.slots) > 0 {
+		req.Header.Set(HTTPLimiterSlotsHeader, limiterSlotsText(run.slots))
+	}
 	traceContext.Inject(ctx, propagation.HeaderCarrier(req.Header)) // traceparent, when tracing is on
 
 	client := h.Client

@@ -35,7 +35,7 @@ func TestFinishClaimsTheNextRunOfItsJob(t *testing.T) {
 				t.Fatalf("claim of u1: %+v %v", cl, err)
 			}
 			lr := rn.newLocalRun(es[0])
-			next := rn.execute(lr, cl[0], true)
+			next, _ := rn.execute(lr, cl[0], true)
 			lr.end()
 			if len(next) != 1 || next[0].e.key.Subject() != "u2" || next[0].claim == nil || next[0].claim.kind != claimGranted {
 				t.Fatalf("after u1: next %+v, want u2 claimed by the finish", next)
@@ -45,7 +45,7 @@ func TestFinishClaimsTheNextRunOfItsJob(t *testing.T) {
 					rn.Owner(), next[0].claim.token)
 			}
 			lr = rn.newLocalRun(next[0].e)
-			next = rn.execute(lr, *next[0].claim, true)
+			next, _ = rn.execute(lr, *next[0].claim, true)
 			lr.end()
 			if len(next) != 1 || next[0].e.key.Subject() != "u3" || next[0].claim != nil {
 				t.Fatalf("after u2: next %+v, want u3 taken and not claimed (another job)", next)
@@ -53,7 +53,7 @@ func TestFinishClaimsTheNextRunOfItsJob(t *testing.T) {
 			if v, _ := e.reg.Get(ctx, "u3", "backup"); v.Status != StatusQueued {
 				t.Errorf("u3 after the finish: %s, want queued until its claim", v.Status)
 			}
-			lr, c3 := rn.claimNext(next)
+			lr, c3, _ := rn.claimNext(next)
 			if lr == nil || c3.kind != claimGranted {
 				t.Fatalf("claim of u3: %+v", c3)
 			}

@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"time"
 
@@ -33,6 +34,33 @@ type Run struct {
 	// starts paces process starts (RunnerConfig.ExecStarts); nil outside
 	// a Runner: unpaced.
 	starts chan struct{}
+	// slots are the limiter slots the run holds (a limited job).
+	slots []LimiterSlot
+}
+
+// LimiterSlots returns the limiter slots the run holds while it executes
+// (jobs with limiters; nil otherwise). A downstream that must never see
+// more than a limiter's concurrency of writers at once fences each write
+// by (Limiter, Slot) with Token as it fences by key with FencingToken: a
+// slot's token grows with every holder, so a paused holder whose slot
+// expired and went to another run is refused.
+func (r *Run) LimiterSlots() []LimiterSlot { return append([]LimiterSlot(nil), r.slots...) }
+
+// limiterSlotsText formats slots as "name:slot:token,...", the
+// TASKLEASE_LIMITER_SLOTS variable and Tasklease-Limiter-Slots header.
+func limiterSlotsText(slots []LimiterSlot) string {
+	b := make([]byte, 0, 32*len(slots))
+	for i, s := range slots {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, s.Limiter...)
+		b = append(b, ':')
+		b = strconv.AppendInt(b, int64(s.Slot), 10)
+		b = append(b, ':')
+		b = strconv.AppendInt(b, s.Token, 10)
+	}
+	return string(b)
 }
 
 // acquireStart waits for a turn to start a stage's process and returns the

@@ -174,6 +174,9 @@ type Runner struct {
 		waitRead func(p, n int)
 	}
 
+	// pumps: a wake-up channel per limiter this runner's jobs use (pumpLoop)
+	pumps map[*limiterDef]chan struct{}
+
 	mu        sync.Mutex
 	active    map[string]map[*context.CancelCauseFunc]struct{} // cancelID (key + run) → cancels of local claims/runs
 	unmatched unmatchedCancels                                 // cancel messages that found no local run, for track
@@ -205,6 +208,7 @@ func NewRunner(reg *Registry, cfg RunnerConfig) (*Runner, error) {
 		execStarts: make(chan struct{}, cfg.ExecStarts),
 		presence:   newPresence(cfg.PresenceInterval, cfg.Version),
 		active:     make(map[string]map[*context.CancelCauseFunc]struct{}),
+		pumps:      make(map[*limiterDef]chan struct{}),
 		// A claim's reply comes back within its call's bound (a lease TTL,
 		// plus FetchBlock for a read sent with a wait), and the run is
 		// registered right after.
@@ -252,6 +256,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	loops.Go(func() { r.every(ctx, r.cfg.JanitorInterval, r.janitorPass) })
 	loops.Go(func() { r.cancelListener(ctx, cancels) })
 	loops.Go(func() { r.presenceLoop(ctx) })
+	r.startPumps(ctx, &loops)
 	r.log.Info("runner started", slog.Int("concurrency", r.cfg.Concurrency), slog.Int("partitions", r.reg.ks.Partitions()))
 	<-ctx.Done()
 	loops.Wait()

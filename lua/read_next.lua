@@ -15,8 +15,10 @@
 -- ARGV[3] what is constant for this runner, US-separated (lib/base.lua
 --   conf_fields; jobs.readConf): owner, reclaim idle (ms: the entries
 --   become reclaimable that long from now), history cap, retention (ms),
---   J, the number of jobs this runner defines, then per job 4 fields:
---   scope, stages (comma list), maxAttempts, lease TTL (ms)
+--   J, the number of jobs this runner defines, then per job 5 fields:
+--   scope, stages (comma list), maxAttempts, lease TTL (ms), and 'L' when
+--   the job has limiters (its entries are taken, answered {'limited'} and
+--   not claimed: the runner asks the limiters first, jobs.admitAndStart)
 -- (A claim that ends a run with a queued follow-up derives the follow-up's
 -- run id: lib/claiming.lua claim_ending.)
 -- returns the entries taken, in order, each followed by its claim reply
@@ -38,7 +40,7 @@ if not defs then
   local j = 6
   for _ = 1, small_num(cf[5]) do
     defs[cf[j]] = j
-    j = j + 4
+    j = j + 5
   end
   cf.defs = defs
 end
@@ -59,9 +61,13 @@ for i = 1, #taken do
     -- reclaim idle is one: a TTL of 0 made SET raise and the whole call
     -- abort after the entries before it were granted, leaving their leases
     -- to expire unstarted.
-    local stages, max_attempts, ttl = '', '1', cf[2]
-    if d then stages, max_attempts, ttl = cf[d + 1], cf[d + 2], cf[d + 3] end
-    out[#out + 1] = claim_in_slot(c, tag, e, run_id, key, source, ttl, '', stages, max_attempts)
+    if d and cf[d + 4] == 'L' then
+      out[#out + 1] = {'limited'}
+    else
+      local stages, max_attempts, ttl = '', '1', cf[2]
+      if d then stages, max_attempts, ttl = cf[d + 1], cf[d + 2], cf[d + 3] end
+      out[#out + 1] = claim_in_slot(c, tag, e, run_id, key, source, ttl, '', stages, max_attempts)
+    end
   end
 end
 return out

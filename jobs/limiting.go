@@ -1,0 +1,494 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// How a run of a limited job starts (docs/flow-control.md): its request
+// entry, taken from a partition like any other, first asks each of the
+// job's limiters for a start (limiter_acquire.lua, in the limiter's own
+// hash slot), and only a run admitted by all of them is claimed
+// (claim.lua, in the partition's slot). A run not admitted stays queued —
+// no lease, no attempt counted — and waits in the limiter, whose freed
+// slots are reserved for the best waiting run by the runner that frees
+// them (limiter_release.lua) or, after a crash or at a rate's next start,
+// by a runner's pump. Two steps in two slots: a crash between them leaves
+// a slot that expires with its TTL, and a slot taken before the claim
+// expires no later than the lease granted after it, so the run's
+// heartbeat, which renews both, keeps them together.
+
+// slotGrant is a limiter start a run holds: the slot's number (-1 for a
+// rate-only limiter) and its fencing token.
+type slotGrant struct {
+	lim   *limiterDef
+	slot  int
+	token int64
+}
+
+// LimiterSlot is a limiter slot a run holds (Run.LimiterSlots): a
+// downstream that fences by (Limiter, Slot) with Token accepts at most
+// Concurrency writers at once, even from a paused holder whose slot
+// expired.
+type LimiterSlot struct {
+	Limiter string `json:"limiter"`
+	Slot    int    `json:"slot"`
+	Token   int64  `json:"token"`
+}
+
+// limiterRecheck: a waiting run's entry is re-examined by a reclaim this
+// long after it began to wait, in case the limiter lost track of it (a
+// flushed limiter, a reservation whose runner died): it only asks the
+// limiter again, which keeps a waiting run's place.
+const limiterRecheck = 5 * time.Minute
+
+// pumpIdle and pumpBusy bound a pump's sleep while nothing waits (a
+// denial here wakes it at once) and while runs wait (a release by their
+// holders hands on the slots; the pump covers crashed holders and rates).
+const (
+	pumpIdle = time.Minute
+	pumpBusy = 2 * time.Second
+)
+
+// admission is an entry on its way through its job's limiters: it holds
+// one runner slot.
+type admission struct {
+	e      entry
+	grants []slotGrant
+	sent   time.Time // the earliest limiter call: its slots count from here
+	group  string
+}
+
+func (a *admission) holds(d *limiterDef) bool {
+	for _, g := range a.grants {
+		if g.lim == d {
+			return true
+		}
+	}
+	return false
+}
+
+// limitedJob reports whether entry e's job takes limiter slots here.
+func (r *Runner) limitedJob(scope string) bool { return len(r.reg.jobLimits[scope]) > 0 }
+
+// slotTTL is how long a slot of d lasts unless renewed: the shortest
+// lease TTL of the jobs using it on this runner.
+func (r *Runner) slotTTL(d *limiterDef) time.Duration {
+	t := d.slotTTL
+	if t == 0 || r.cfg.LeaseTTL < t {
+		for scope, defs := range r.reg.jobLimits {
+			for _, x := range defs {
+				if x == d && r.reg.jobs[scope].LeaseTTL == 0 {
+					t = min(cmp0(t, r.cfg.LeaseTTL), r.cfg.LeaseTTL)
+				}
+			}
+		}
+	}
+	return cmp0(t, r.cfg.LeaseTTL)
+}
+
+// admitAndStart takes entries of limited jobs through their limiters,
+// claims those admitted and starts them. The caller holds a runner slot
+// per entry; each goes with a started run or to a waiting run reserved
+// for this runner, or is released.
+func (r *Runner) admitAndStart(ctx context.Context, es []entry) {
+	work := make([]*admission, 0, len(es))
+	for _, e := range es {
+		work = append(work, &admission{e: e})
+	}
+	r.admitWork(ctx, work)
+}
+
+func (r *Runner) admitWork(ctx context.Context, work []*admission) {
+	for len(work) > 0 {
+		if !r.taking() {
+			r.abandon(work, len(work))
+			return
+		}
+		r.readGroups(ctx, work)
+		ready, more := r.acquireAll(ctx, work)
+		work = append(more, r.claimAdmitted(ctx, ready)...)
+	}
+}
+
+// readGroups reads the request group of entries whose job groups its
+// runs by request (one HGET each; other jobs need nothing).
+func (r *Runner) readGroups(ctx context.Context, work []*admission) {
+	for _, a := range work {
+		job := r.reg.jobs[a.e.key.Scope()]
+		switch {
+		case job == nil || a.group != "":
+		case job.Fairness.GroupBy == FairnessRequest:
+			a.group, _ = r.reg.rdb.HGet(ctx, r.reg.ks.Task(a.e.key), "group").Result()
+		default:
+			a.group = job.groupOf(a.e.key.Subject())
+		}
+	}
+}
+
+// acquireAll asks each admission's missing limiters for a start, limiter
+// by limiter in the job's order, until every admission holds them all
+// (ready) or waits (its runner slot goes to a waiting run reserved for
+// this runner, returned in more, or is released).
+func (r *Runner) acquireAll(ctx context.Context, work []*admission) (ready, more []*admission) {
+	pending := work
+	for len(pending) > 0 {
+		byLim := map[*limiterDef][]*admission{}
+		var order []*limiterDef
+		for _, a := range pending {
+			d := r.nextLimiter(a)
+			if d == nil {
+				ready = append(ready, a)
+				continue
+			}
+			if byLim[d] == nil {
+				order = append(order, d)
+			}
+			byLim[d] = append(byLim[d], a)
+		}
+		pending = nil
+		if len(order) == 0 {
+			break
+		}
+		calls := make([]*scriptCall, len(order))
+		for i, d := range order {
+			args := []any{d.conf, r.owner, r.slotTTL(d).Milliseconds()}
+			for _, a := range byLim[d] {
+				args = append(args, a.e.id, a.e.lane.Letter(), a.group)
+			}
+			calls[i] = &scriptCall{script: r.reg.scripts.limiterAcquire, keys: []string{d.key}, args: args}
+		}
+		sent := time.Now()
+		cctx, cancel := granting(ctx, r.cfg.LeaseTTL)
+		err := evalGrouped(cctx, r.reg.gc, calls)
+		cancel()
+		for i, d := range order {
+			as := byLim[d]
+			res, rerr := calls[i].cmd.Slice()
+			if err != nil || rerr != nil || len(res) != 4 {
+				r.log.Warn("limiter acquire failed; the entries will be reclaimed", slog.String("limiter", d.Name), slog.Any("error", errors.Join(err, rerr)))
+				r.giveBack(as)
+				continue
+			}
+			results, _ := res[0].([]any)
+			waited := 0
+			for j, a := range as {
+				one, _ := results[j].([]any)
+				if len(one) == 3 && replyString(one[0]) == "g" {
+					a.grants = append(a.grants, slotGrant{lim: d, slot: int(toInt(one[1])), token: toInt(one[2])})
+					if a.sent.IsZero() {
+						a.sent = sent
+					}
+					pending = append(pending, a)
+					continue
+				}
+				why, at := "", int64(0)
+				if len(one) == 3 {
+					why, at = replyString(one[1]), toInt(one[2])
+				}
+				r.wait(ctx, a, d, why, at)
+				waited++
+			}
+			// the runs reserved here take the runner slots of those that wait
+			reserved := r.decodeReserved(d, res[1], sent)
+			pending = append(pending, reserved...)
+			r.release(waited - len(reserved))
+			if toInt(res[3]) > 0 {
+				r.pokePump(d)
+			}
+		}
+	}
+	return ready, more
+}
+
+// nextLimiter returns the first of a's job's limiters it does not hold.
+func (r *Runner) nextLimiter(a *admission) *limiterDef {
+	for _, d := range r.reg.jobLimits[a.e.key.Scope()] {
+		if !a.holds(d) {
+			return d
+		}
+	}
+	return nil
+}
+
+// decodeReserved turns the waiting runs a limiter reserved for this runner
+// into admissions holding that slot; each takes the runner slot of a run
+// that began to wait.
+func (r *Runner) decodeReserved(d *limiterDef, v any, sent time.Time) []*admission {
+	list, _ := v.([]any)
+	var out []*admission
+	for _, x := range list {
+		one, _ := x.([]any)
+		if len(one) != 3 {
+			continue
+		}
+		e, ok := entryFrom(0, replyString(one[0]))
+		g := slotGrant{lim: d, slot: int(toInt(one[1])), token: toInt(one[2])}
+		if !ok {
+			// not an entry (never written so): free its slot
+			r.releaseGrants(context.Background(), []slotGrant{g}, replyString(one[0]), 0, true, 0)
+			r.release(1)
+			continue
+		}
+		e.p = r.reg.ks.Partition(e.key)
+		out = append(out, &admission{e: e, grants: []slotGrant{g}, sent: sent})
+	}
+	return out
+}
+
+// wait records that a's run waits for d: its record says why, its entry
+// stays taken until limiterRecheck, and its other starts are given back.
+func (r *Runner) wait(ctx context.Context, a *admission, d *limiterDef, why string, at int64) {
+	text := r.waitingText(d, why, at)
+	ks := r.reg.ks
+	p := a.e.p
+	if err := r.reg.scripts.limiterWait.Run(ctx, r.reg.gc, []string{ks.Task(a.e.key), ks.Taken(p), ks.Watch(p)},
+		a.e.runID, a.e.id, text, limiterRecheck.Milliseconds(), ks.Events(p)).Err(); err != nil {
+		r.log.Warn("limiter wait not recorded", slog.String("task_key", a.e.key.String()), slog.Any("error", err))
+	}
+	r.releaseGrants(ctx, a.grants, a.e.id, 0, true, 0)
+	a.grants = nil
+	r.pokePump(d)
+}
+
+// waitingText is the view's waiting for a run waiting for d.
+func (r *Runner) waitingText(d *limiterDef, why string, at int64) string {
+	name := "limiter " + d.Name + ": "
+	switch why {
+	case "full":
+		return name + fmt.Sprintf("%d of %d in use", d.Concurrency, d.Concurrency)
+	case "rate":
+		return name + "rate " + d.Rate.String()
+	case "held":
+		return name + "held until " + time.UnixMilli(at).UTC().Format(time.RFC3339) + " (retry-after)"
+	}
+	return name + "waiting its turn"
+}
+
+// claimAdmitted claims the admitted entries, partition by partition, and
+// starts the granted runs. An entry whose claim is not granted gives its
+// starts back (refunding the rate); the runs the limiters reserve for
+// this runner in return are returned to be admitted.
+func (r *Runner) claimAdmitted(ctx context.Context, ready []*admission) (more []*admission) {
+	byP := map[int][]*admission{}
+	var ps []int
+	for _, a := range ready {
+		if byP[a.e.p] == nil {
+			ps = append(ps, a.e.p)
+		}
+		byP[a.e.p] = append(byP[a.e.p], a)
+	}
+	for _, p := range ps {
+		as := byP[p]
+		es := make([]entry, len(as))
+		for i, a := range as {
+			es[i] = a.e
+		}
+		runs := make([]*localRun, len(as))
+		for i, e := range es {
+			runs[i] = r.newLocalRun(e)
+		}
+		cctx, cancel := granting(ctx, r.cfg.LeaseTTL)
+		claims, err := r.claim(cctx, p, es)
+		cancel()
+		for i, a := range as {
+			if err == nil && claims[i].kind == claimGranted {
+				c := claims[i]
+				c.slots = a.grants
+				if a.sent.Before(c.sent) {
+					c.sent = a.sent
+				}
+				r.start(runs[i], c)
+				continue
+			}
+			runs[i].end()
+			if err == nil {
+				r.notGranted(a.e, claims[i])
+			}
+			got := r.releaseGrants(ctx, a.grants, a.e.id, 1, true, 0)
+			if len(got) == 0 {
+				r.release(1)
+			}
+			more = append(more, got...)
+		}
+		if err != nil {
+			r.log.Warn("claim failed; the entries will be reclaimed", slog.Int("partition", p), slog.Any("error", err))
+		}
+	}
+	return more
+}
+
+// releaseGrants gives back grants of the run of entry id, pumping up to
+// pop waiting runs reserved for this runner (which take the caller's
+// runner slots); hold > 0 holds the limiters that hold on a retry-after.
+func (r *Runner) releaseGrants(ctx context.Context, grants []slotGrant, id string, pop int, refund bool, hold time.Duration) []*admission {
+	if len(grants) == 0 {
+		return nil
+	}
+	calls := make([]*scriptCall, len(grants))
+	for i, g := range grants {
+		h := int64(0)
+		if g.lim.hold {
+			h = hold.Milliseconds()
+		}
+		n := 0
+		if i == 0 { // one runner slot: the first limiter pumps for it
+			n = pop
+		}
+		calls[i] = &scriptCall{script: r.reg.scripts.limiterRelease, keys: []string{g.lim.key},
+			args: []any{g.lim.conf, r.owner, r.slotTTL(g.lim).Milliseconds(), n, h, boolFlag(refund), g.slot, g.token, id}}
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseTTL)
+	defer cancel()
+	sent := time.Now()
+	if err := evalGrouped(ctx, r.reg.gc, calls); err != nil {
+		r.log.Warn("limiter release failed; the slots expire with their TTL", slog.Any("error", err))
+		return nil
+	}
+	var more []*admission
+	for i, c := range calls {
+		res, err := c.cmd.Slice()
+		if err != nil || len(res) != 3 {
+			continue
+		}
+		more = append(more, r.decodeReserved(grants[i].lim, res[0], sent)...)
+		if toInt(res[2]) > 0 {
+			r.pokePump(grants[i].lim)
+		}
+	}
+	return more
+}
+
+// abandon gives back what admissions hold when they cannot go on (the
+// runner stops taking work, or has no runner slot for them): their starts
+// and their entries (reclaimable at once); it releases slots runner slots.
+func (r *Runner) abandon(work []*admission, slots int) {
+	if len(work) == 0 {
+		r.release(slots)
+		return
+	}
+	es := make([]entry, len(work))
+	for i, a := range work {
+		es[i] = a.e
+		r.releaseGrants(context.Background(), a.grants, a.e.id, 0, true, 0)
+	}
+	r.handBackEntries(context.Background(), es)
+	r.release(slots)
+}
+
+// endLimited gives back a finished run's slots. A retry-after holds the
+// limiters that hold on one; unless the runner is stopping, the first
+// freed slot is reserved for the best waiting run, which this runner's
+// slot runs next.
+func (r *Runner) endLimited(grants []slotGrant, id, result string, stageErr error) []*admission {
+	hold := time.Duration(0)
+	if ra, ok := retryAfterOf(stageErr); ok && result == resultDefer {
+		hold = ra.Delay
+	}
+	pop := 0
+	if r.taking() && result != resultHandback {
+		pop = 1
+	}
+	return r.releaseGrants(context.Background(), grants, id, pop, false, hold)
+}
+
+// giveBack releases admissions whose limiter call failed: their starts
+// are given back, their entries are reclaimed when due.
+func (r *Runner) giveBack(as []*admission) {
+	for _, a := range as {
+		r.releaseGrants(context.Background(), a.grants, a.e.id, 0, true, 0)
+		r.release(1)
+	}
+}
+
+// renewCalls are the limiter_renew.lua calls that renew a run's slots
+// with its lease.
+func (r *Runner) renewCalls(grants []slotGrant, id string) []*scriptCall {
+	var calls []*scriptCall
+	for _, g := range grants {
+		if g.slot < 0 {
+			continue
+		}
+		calls = append(calls, &scriptCall{script: r.reg.scripts.limiterRenew, keys: []string{g.lim.key},
+			args: []any{r.slotTTL(g.lim).Milliseconds(), r.owner, g.slot, g.token, id}})
+	}
+	return calls
+}
+
+// pokePump wakes d's pump on this runner.
+func (r *Runner) pokePump(d *limiterDef) {
+	if ch := r.pumps[d]; ch != nil {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// pumpLoop reserves limiter d's freed slots for its waiting runs when no
+// release hands them on: after a holder crashed (its slot expired), at a
+// rate's next start, or when a hold ends. It sleeps while nothing waits
+// (a denial on this runner wakes it) and otherwise until the limiter's
+// next change, at most pumpBusy.
+func (r *Runner) pumpLoop(ctx context.Context, d *limiterDef, poke <-chan struct{}) {
+	sleep := time.Duration(0)
+	for {
+		if sleep > 0 {
+			t := time.NewTimer(sleep)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-poke:
+			case <-t.C:
+			}
+			t.Stop()
+		}
+		if !r.acquire(ctx) {
+			return
+		}
+		call := &scriptCall{script: r.reg.scripts.limiterRelease, keys: []string{d.key},
+			args: []any{d.conf, r.owner, r.slotTTL(d).Milliseconds(), 1, 0, "0"}}
+		sent := time.Now()
+		res, err := evalOne(ctx, r.reg.gc, call)
+		if err != nil || len(res) != 3 {
+			r.release(1)
+			if ctx.Err() != nil {
+				return
+			}
+			sleep = pumpBusy
+			continue
+		}
+		if more := r.decodeReserved(d, res[0], sent); len(more) > 0 {
+			r.admitWork(ctx, more)
+			sleep = 0
+			continue
+		}
+		r.release(1)
+		sleep = pumpIdle
+		if toInt(res[2]) > 0 {
+			at := time.UnixMilli(toInt(res[1]))
+			sleep = min(max(time.Until(at), time.Millisecond), pumpBusy)
+		}
+	}
+}
+
+// startPumps starts a pump per limiter the runner's jobs use.
+func (r *Runner) startPumps(ctx context.Context, g interface{ Go(func()) }) {
+	for _, defs := range r.reg.jobLimits {
+		for _, d := range defs {
+			if r.pumps[d] != nil {
+				continue
+			}
+			ch := make(chan struct{}, 1)
+			r.pumps[d] = ch
+			ch <- struct{}{} // look once at start: runs may wait from before
+		}
+	}
+	for d, ch := range r.pumps {
+		g.Go(func() { r.pumpLoop(ctx, d, ch) })
+	}
+}
