@@ -58,7 +58,7 @@ func deletePrefix(t testing.TB, cc *redis.ClusterClient, prefix string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	err := cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
-		iter := node.Scan(ctx, 0, "{"+prefix+":p*", 1000).Iterator()
+		iter := node.Scan(ctx, 0, "{"+prefix+":*", 1000).Iterator()
 		for iter.Next(ctx) {
 			if err := node.Unlink(ctx, iter.Val()).Err(); err != nil {
 				return err
