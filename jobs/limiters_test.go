@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tasklease/tasklease/internal/redistest"
+	"github.com/tasklease/tasklease/leasing"
 )
 
 // inFlight is a stage that counts the runs executing it at once, across
@@ -102,6 +104,87 @@ func TestLimiterConcurrencyCap(t *testing.T) {
 				if len(s) != 1 || s[0].Limiter != "remote" || s[0].Slot < 0 || s[0].Slot > 2 || s[0].Token < 1 {
 					t.Errorf("%s held slots %+v, want one of remote's 0..2", k, s)
 				}
+			}
+		})
+	}
+}
+
+// A runner that died between taking a slot and claiming its run (here: a
+// slot taken through the script by an owner that never renews it) blocks
+// the limiter only until the slot's TTL: the waiting run starts then.
+func TestLimiterDeadHolderSlotFrees(t *testing.T) {
+	for _, b := range redistest.Backends(t, redistest.WithSharedCluster) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			c := &counter{}
+			e := newEnv(t, b.Client, Config{Prefix: "limdead", Jobs: []Job{{Scope: "sync", Concurrency: 1, LeaseTTL: 600 * time.Millisecond,
+				Stages: []Stage{{Name: "push", Handler: c}}}}})
+			d := e.reg.limiters[ownLimiterName("sync")]
+			res, err := e.reg.scripts.limiterAcquire.Run(ctx, e.rdb, []string{d.key}, d.conf, "dead/abc", 600, "ghost", "b", "").Slice()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if one := res[0].([]any)[0].([]any); one[0] != "g" {
+				t.Fatalf("the ghost's acquire: %v, want granted", one)
+			}
+			e.startRunner(RunnerConfig{ID: "r1", LeaseTTL: 600 * time.Millisecond})
+			if _, err := e.reg.Submit(ctx, "u1", "sync", SubmitOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			v := e.waitStatus("u1", "sync", 5*time.Second, StatusQueued)
+			waitFor(t, 5*time.Second, "u1 waiting for the limiter", func() bool {
+				v, _ = e.reg.Get(ctx, "u1", "sync")
+				return v.Waiting == "limiter job.sync: 1 of 1 in use" || v.Status == StatusDone
+			})
+			b.Advance(700 * time.Millisecond)
+			e.waitStatus("u1", "sync", 10*time.Second, StatusDone)
+			if n := c.get("u1/push"); n != 1 {
+				t.Errorf("u1 ran %d times, want 1", n)
+			}
+		})
+	}
+}
+
+// slotThief is a stage that blocks until its context ends and reports why.
+type slotThief struct {
+	started chan struct{}
+	ended   chan error
+}
+
+func (s *slotThief) RunStage(ctx context.Context, run *Run) error {
+	s.started <- struct{}{}
+	<-ctx.Done()
+	s.ended <- context.Cause(ctx)
+	return ctx.Err()
+}
+
+// A run whose slot is no longer its own (expired and taken by another run)
+// stops as on a lost lease at its next renewal: two runs must never hold
+// one slot.
+func TestLimiterSlotLostStopsTheStage(t *testing.T) {
+	for _, b := range redistest.Backends(t, redistest.WithSharedCluster) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			st := &slotThief{started: make(chan struct{}, 4), ended: make(chan error, 4)}
+			e := newEnv(t, b.Client, Config{Prefix: "limlost", Limiters: []Limiter{{Name: "remote", Concurrency: 1}},
+				Jobs: []Job{{Scope: "sync", Limiters: []string{"remote"}, LeaseTTL: 900 * time.Millisecond,
+					Retry: RetryPolicy{MaxAttempts: 1}, Stages: []Stage{{Name: "push", Handler: st}}}}})
+			e.startRunner(RunnerConfig{ID: "r1", LeaseTTL: 900 * time.Millisecond})
+			if _, err := e.reg.Submit(ctx, "u1", "sync", SubmitOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			<-st.started
+			d := e.reg.limiters["remote"]
+			if err := e.rdb.HSet(ctx, d.key+":holders", "0", "thief/x\x1f99\x1fh\x1fb\x1f\x1fother").Err(); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case cause := <-st.ended:
+				if !errors.Is(cause, leasing.ErrLost) {
+					t.Errorf("the stage stopped for %v, want the lease lost", cause)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("the stage kept running after its slot was taken")
 			}
 		})
 	}
