@@ -143,7 +143,7 @@ func TestLimiterHoldOnRetryAfter(t *testing.T) {
 				defer srv.Close()
 				e := newEnv(t, b.Client, Config{Prefix: fmt.Sprintf("limhold%v", hold),
 					Limiters: []Limiter{{Name: "remote", Concurrency: 5, HoldOnRetryAfter: hold}},
-					Jobs: []Job{{Scope: "sync", Limiters: []string{"remote"}, Stages: []Stage{{Name: "push", Handler: &HTTPStage{URL: srv.URL}}}}}})
+					Jobs:     []Job{{Scope: "sync", Limiters: []string{"remote"}, Stages: []Stage{{Name: "push", Handler: &HTTPStage{URL: srv.URL}}}}}})
 				e.startRunner(RunnerConfig{ID: "r1"})
 				if _, err := e.reg.Submit(ctx, "u0", "sync", SubmitOptions{}); err != nil {
 					t.Fatal(err)

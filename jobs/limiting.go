@@ -109,8 +109,7 @@ func (r *Runner) admitWork(ctx context.Context, work []*admission) {
 			return
 		}
 		r.readGroups(ctx, work)
-		ready, more := r.acquireAll(ctx, work)
-		work = append(more, r.claimAdmitted(ctx, ready)...)
+		work = r.claimAdmitted(ctx, r.acquireAll(ctx, work))
 	}
 }
 
@@ -131,9 +130,9 @@ func (r *Runner) readGroups(ctx context.Context, work []*admission) {
 
 // acquireAll asks each admission's missing limiters for a start, limiter
 // by limiter in the job's order, until every admission holds them all
-// (ready) or waits (its runner slot goes to a waiting run reserved for
-// this runner, returned in more, or is released).
-func (r *Runner) acquireAll(ctx context.Context, work []*admission) (ready, more []*admission) {
+// (ready) or waits (its runner slot goes to a waiting run the limiter
+// reserved for this runner, which joins the admissions, or is released).
+func (r *Runner) acquireAll(ctx context.Context, work []*admission) (ready []*admission) {
 	pending := work
 	for len(pending) > 0 {
 		byLim := map[*limiterDef][]*admission{}
@@ -201,7 +200,7 @@ func (r *Runner) acquireAll(ctx context.Context, work []*admission) (ready, more
 			}
 		}
 	}
-	return ready, more
+	return ready
 }
 
 // nextLimiter returns the first of a's job's limiters it does not hold.
@@ -227,10 +226,8 @@ func (r *Runner) decodeReserved(d *limiterDef, v any, sent time.Time) []*admissi
 		}
 		e, ok := entryFrom(0, replyString(one[0]))
 		g := slotGrant{lim: d, slot: int(toInt(one[1])), token: toInt(one[2])}
-		if !ok {
-			// not an entry (never written so): free its slot
+		if !ok { // not an entry (never written so): free its slot
 			r.releaseGrants(context.Background(), []slotGrant{g}, replyString(one[0]), 0, true, 0)
-			r.release(1)
 			continue
 		}
 		e.p = r.reg.ks.Partition(e.key)
