@@ -210,7 +210,7 @@ func NewRegistry(rdb redis.UniversalClient, cfg Config) (*Registry, error) {
 		return nil, err
 	}
 	if cfg.Metrics != nil {
-		if err := r.metrics.register(cfg.Metrics, r.QueueDepth); err != nil {
+		if err := r.metrics.register(cfg.Metrics, r.QueueDepth, r.Limiters); err != nil {
 			return nil, fmt.Errorf("%w: metrics: %w", ErrConfig, err)
 		}
 	}
