@@ -210,7 +210,7 @@ func NewRegistry(rdb redis.UniversalClient, cfg Config) (*Registry, error) {
 		return nil, err
 	}
 	if cfg.Metrics != nil {
-		if err := r.metrics.register(cfg.Metrics, r.QueueDepth); err != nil {
+		if err := r.metrics.register(cfg.Metrics, r.QueueDepth, r.Limiters); err != nil {
 			return nil, fmt.Errorf("%w: metrics: %w", ErrConfig, err)
 		}
 	}
@@ -265,6 +265,13 @@ type SubmitOptions struct {
 	// delays nothing.
 	Delay     time.Duration
 	NotBefore time.Time
+	// Group is the request's fair-share group, for a job whose fairness
+	// groups by request (FairnessRequest): while runs wait for a limiter,
+	// the groups take turns. Only the request that starts a run sets it
+	// (a join changes nothing; a follow-up keeps the group of the run
+	// before it). At most GroupMax bytes, printable, no spaces, no '|'
+	// (ValidateGroup); "" is no group, and costs nothing.
+	Group string
 }
 
 // DelayMax bounds SubmitOptions.Delay (and how far ahead NotBefore may be).
@@ -293,7 +300,8 @@ type SubmitResult struct {
 // the task's view, e.g. the running run a request joined, and the run that
 // serves the request (RunID), under which its history records it. Invalid input
 // returns a typed error (taskkey.ErrInvalid, ErrUnknownScope,
-// ErrInvalidSource, ErrInvalidPolicy) and writes nothing.
+// ErrInvalidSource, ErrInvalidPolicy, ErrInvalidDelay, ErrInvalidGroup) and
+// writes nothing.
 func (r *Registry) Submit(ctx context.Context, subject, scope string, opts SubmitOptions) (SubmitResult, error) {
 	k, job, err := r.key(subject, scope)
 	if err != nil {
@@ -315,6 +323,9 @@ func (r *Registry) Submit(ctx context.Context, subject, scope string, opts Submi
 		return SubmitResult{}, fmt.Errorf("%w: delay %s, not before %s (want at most %s ahead)", ErrInvalidDelay,
 			opts.Delay, opts.NotBefore.Format(time.RFC3339), DelayMax)
 	}
+	if err := ValidateGroup(opts.Group); err != nil {
+		return SubmitResult{}, err
+	}
 	ctx, span := r.startSubmitSpan(ctx, k, opts.Source)
 	out, err := r.submit(ctx, k, job, opts)
 	r.endSubmitSpan(ctx, span, k, out, err)
@@ -325,7 +336,7 @@ func (r *Registry) submit(ctx context.Context, k taskkey.Key, job *Job, opts Sub
 	scope := k.Scope()
 	req := &submitReq{k: k, p: r.ks.Partition(k), source: opts.Source, policy: opts.Policy,
 		runID: newRunID(), stages: r.stagesCSV[scope], maxAttempts: job.Retry.MaxAttempts,
-		minInterval: job.MinInterval.Milliseconds(), delay: opts.Delay.Milliseconds()}
+		minInterval: job.MinInterval.Milliseconds(), delay: opts.Delay.Milliseconds(), group: opts.Group}
 	if job.Debounce > 0 && opts.Source != SourceManual && opts.Delay == 0 && opts.NotBefore.IsZero() {
 		req.delay, req.debounceMax = job.Debounce.Milliseconds(), job.DebounceMax.Milliseconds()
 	}

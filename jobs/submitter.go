@@ -36,6 +36,7 @@ type submitReq struct {
 	notBefore   int64  // unix ms; 0: none
 	debounceMax int64  // ms; a debounced request (Job.Debounce) moves its delayed run's start up to this after its first request
 	traceparent string // the submit span's context, when tracing is on
+	group       string // SubmitOptions.Group; "" none
 	// results, set by flushSubmits; served is the follow-up's id that
 	// submit.lua names after a queued or replaced outcome
 	outcome, view, served string
@@ -111,11 +112,12 @@ func (r *Registry) submitCall(reqs []*submitReq) *scriptCall {
 
 // requestArg is the request as submit.lua's one argument for it: the first
 // letters of its policy and source, then the new run's id, stages,
-// maxAttempts and minInterval (and, traced, the traceparent), separated by
-// histSep. A repeated join reads the two letters only; as six arguments,
-// Redis made a Lua string of each (~900 instructions apiece).
+// maxAttempts and timing (with the group, when there is one, after a '|':
+// a request without one sends nothing more), and, traced, the traceparent,
+// separated by histSep. A repeated join reads the two letters only; as six
+// arguments, Redis made a Lua string of each (~900 instructions apiece).
 func (q *submitReq) requestArg(traced bool) string {
-	b := make([]byte, 0, 2+len(q.runID)+len(q.stages)+len(q.traceparent)+24)
+	b := make([]byte, 0, 2+len(q.runID)+len(q.stages)+len(q.traceparent)+len(q.group)+25)
 	b = append(b, q.policy[0], q.source[0])
 	b = append(b, q.runID...)
 	b = append(b, histSep...)
@@ -124,6 +126,10 @@ func (q *submitReq) requestArg(traced bool) string {
 	b = strconv.AppendInt(b, int64(q.maxAttempts), 10)
 	b = append(b, histSep...)
 	b = appendTiming(b, q.minInterval, q.delay, q.debounceMax, q.notBefore)
+	if q.group != "" { // lib/submitting.lua request_timing
+		b = append(b, '|')
+		b = append(b, q.group...)
+	}
 	if traced {
 		b = append(b, histSep...)
 		b = append(b, q.traceparent...)

@@ -15,8 +15,9 @@
 -- ARGV[3+i] request i, one argument (jobs.requestArg):
 --   "<policy letter><source letter><new run id>US<stages (comma list)>US
 --   <maxAttempts>US<minInterval (ms, 0 = none)>[+<delay ms>[~<debounceMax
---   ms>]][@<not before, ms>]" (only for a delayed request; ~ for a
---   debounced one, lib/submitting.lua), traced followed by
+--   ms>]][@<not before, ms>][|<group>]" (only for a delayed request; ~ for a
+--   debounced one; |<group> only for a request that names a fair-share
+--   group, lib/submitting.lua request_timing), traced followed by
 --   US<the request's W3C traceparent ('' for none)>; the letters are the
 --   first of the names (POLICY_OF, SOURCE_OF). One argument instead of six:
 --   a repeat (submit_fast) reads only the two letters, and Redis makes a
@@ -46,7 +47,12 @@
 -- counter (the view comes from the record's cache, see submit_fast; plus
 -- TIME once per call); a new run is that HMGET, XADD, HSET, RPUSH, ZADD
 -- index (and the subjects ZADD for requests that are not schedule), EXISTS
--- watch; ringing the bell (LLEN, RPUSH) when the lane was empty.
+-- watch; ringing the bell (LLEN, RPUSH) when the lane was empty. A request
+-- that names a group and starts a run adds one HSET of the record's group
+-- field (and its bytes to the argument); one that names none adds nothing
+-- but, on a record that had a run before, the field 'group' in the HMGET
+-- submit_one reads it with — and an HDEL only when a previous run had a
+-- group. Joins never read or write it.
 local now = now_ms()
 local traced = ARGV[3] == '1'
 local kr = traced and 3 or 1
@@ -80,8 +86,8 @@ for i = 1, #KEYS / kr do
     a.task, a.hist, a.q, a.index, a.part = task, tag .. ':history:' .. key, part.q, part.index, part
     a.tag, a.key, a.source, a.policy, a.run_id = tag, key, SOURCE_OF[sb], POLICY_OF[pb], ssub(req, 3, i1 - 1)
     a.stages, a.max_attempts = ssub(req, i1 + 1, i2 - 1), ssub(req, i2 + 1, i3 - 1)
-    -- minInterval, and a delayed request's delay (lib/submitting.lua request_timing)
-    a.min_interval, a.not_before, a.debounce_max = request_timing(ssub(req, i3 + 1, i4 and i4 - 1 or -1), now)
+    -- minInterval, a delayed request's delay and the request's group (lib/submitting.lua request_timing)
+    a.min_interval, a.not_before, a.debounce_max, a.group = request_timing(ssub(req, i3 + 1, i4 and i4 - 1 or -1), now)
     if traced then a.links_next, a.links_new, a.tp = KEYS[k + 1], KEYS[k + 2], ssub(req, i4 + 1) end
     local served
     outcome, view, served = submit_one(a, vals)

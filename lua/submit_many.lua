@@ -11,7 +11,10 @@
 -- KEYS[7+2i] task record of subject i   KEYS[8+2i] its history   (i = 1..n)
 -- ARGV[1] scope   ARGV[2] source   ARGV[3] policy   ARGV[4] stages (comma list)
 -- ARGV[5] maxAttempts   ARGV[6] minInterval (ms), with a debounced
---   job's delay (lib/submitting.lua request_timing; jobs.timingArg)
+--   job's delay (lib/submitting.lua request_timing; jobs.appendTiming); a
+--   "|<group>" there would give every run the batch starts that
+--   fair-share group (jobs sends none: the runs it starts have no group,
+--   and one a previous run left on a record is dropped, as in submit.lua)
 -- ARGV[7] history cap
 -- ARGV[8] events channel   ARGV[9] cancel channel
 -- ARGV[10] retention (ms)   ARGV[11] occurrence field ('' for none)
@@ -27,7 +30,7 @@ local a = {q = queue_at(KEYS, 1), index = KEYS[5], subjects = KEYS[6], part = {e
   source = ARGV[2], policy = ARGV[3], stages = ARGV[4], max_attempts = ARGV[5],
   cap = ARGV[7], retention = ARGV[10],
   occ_field = ARGV[11], occ = ARGV[12], now = now}
-a.min_interval, a.not_before, a.debounce_max = request_timing(ARGV[6], now)
+a.min_interval, a.not_before, a.debounce_max, a.group = request_timing(ARGV[6], now)
 local ff = fast_of(ARGV[2], ARGV[3], ARGV[2] .. ' ' .. ARGV[3])
 for i = 1, n do
   local subject = ARGV[11 + 2 * i]

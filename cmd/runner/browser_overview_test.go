@@ -1,6 +1,8 @@
 package main
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -61,4 +63,62 @@ func TestBrowserConsoleCounts(t *testing.T) {
 	if got := active(alive); got != "1 / 16" {
 		t.Errorf("alive runner's active: %q, want 1 / 16", got)
 	}
+}
+
+// TestBrowserConsoleLimiters: the Limiters section lists each limiter's
+// slots in use of its limit, rate, waiting runs and hold, and is hidden
+// while there is none.
+func TestBrowserConsoleLimiters(t *testing.T) {
+	t.Setenv("TASKLEASE_TOKEN", "")
+	chromiumPath(t)
+	srv := startServe(t, limitedConfig)
+	b := newBrowser(t, srv.url)
+	b.run("open the console", chromedp.Navigate(srv.url+"/"))
+	b.until(20*time.Second, "the first load", `document.body.dataset.ready === "1"`)
+	b.until(10*time.Second, "the limiters listed",
+		`!$("limiters-section").hidden && document.querySelector('#limiters tr[data-limiter="remote_store"]') !== null`)
+	cell := func(limiter, f string) string {
+		t.Helper()
+		text, err := chromedp.Run(b.ctx, chromedp.Evaluate[string](fmt.Sprintf(
+			`(document.querySelector('#limiters tr[data-limiter=%q] [data-field=%q]')?.textContent ?? "").trim()`, limiter, f)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return text
+	}
+	if got := cell("remote_store", "in-use"); got != "0 / 2" {
+		t.Errorf("remote_store in use: %q, want 0 / 2", got)
+	}
+	if got := cell("remote_store", "rate"); got != "20/sburst 5" {
+		t.Errorf("remote_store rate: %q", got)
+	}
+	if got := cell("job.slowjob", "in-use"); got != "0 / 3" {
+		t.Errorf("job.slowjob in use: %q, want 0 / 3", got)
+	}
+	b.shot("console-limiters")
+
+	// Crafted answers: a full limiter held by a retry-after, one without a
+	// cap; then none at all.
+	b.run("render crafted limiters", js(`renderLimiters([
+		{name: "remote_store", concurrency: 50, inUse: 50, rate: "20/s", burst: 10, waiting: 7,
+		 heldUntil: new Date(Date.now() + 60000).toISOString(), jobs: ["okjob"]},
+		{name: "slow", rate: "5/m", burst: 1, inUse: 0, waiting: 1, jobs: []}])`))
+	if got := cell("remote_store", "in-use"); got != "50 / 50" {
+		t.Errorf("full limiter: %q, want 50 / 50", got)
+	}
+	if got := cell("remote_store", "waiting"); got != "7" {
+		t.Errorf("waiting: %q, want 7", got)
+	}
+	if got := cell("remote_store", "held"); !strings.Contains(got, "in ") {
+		t.Errorf("held until: %q, want a time and how soon", got)
+	}
+	if got := cell("slow", "in-use"); got != "no cap" {
+		t.Errorf("limiter without a concurrency: %q, want no cap", got)
+	}
+	note, err := chromedp.Run(b.ctx, chromedp.Evaluate[string](`$("limiters-note").textContent`))
+	if err != nil || note != "2 limiters · 8 runs waiting · 1 held" {
+		t.Errorf("note: %q, %v", note, err)
+	}
+	b.run("render no limiters", js(`renderLimiters([])`))
+	b.until(5*time.Second, "the section hidden", `$("limiters-section").hidden`)
 }

@@ -97,7 +97,7 @@ func cmdClient(ctx context.Context, cmd string, args []string, stdout, stderr io
 	fs.SetOutput(stderr)
 	server := fs.String("server", cmp.Or(os.Getenv("TASKLEASE_SERVER"), serverDefault), "runner HTTP API base URL (its default: $TASKLEASE_SERVER when set)")
 	asJSON := fs.Bool("json", false, "print the API's JSON")
-	var source, policy, delay, status, scope, subject, prefix *string
+	var source, policy, delay, group, status, scope, subject, prefix *string
 	var wait *bool
 	var limit *int
 	switch cmd {
@@ -105,6 +105,7 @@ func cmdClient(ctx context.Context, cmd string, args []string, stdout, stderr io
 		source = fs.String("source", "manual", "schedule, foreground, manual or retry")
 		policy = fs.String("policy", "", "join, skip, queue or replace (default: the job's)")
 		delay = fs.String("delay", "", "with no active run, start the run no sooner than this (a duration such as 90s)")
+		group = fs.String("group", "", "the fair-share group of the run this request starts (jobs with fairness groupBy request)")
 		wait = fs.Bool("wait", false, "follow the run that serves the request (for queue and replace, the follow-up) until it ends; exit 1 if it fails or is cancelled")
 	case "tasks":
 		status = fs.String("status", "", "filter by status")
@@ -152,6 +153,9 @@ func cmdClient(ctx context.Context, cmd string, args []string, stdout, stderr io
 		}
 		if *delay != "" {
 			body["delay"] = *delay
+		}
+		if *group != "" {
+			body["group"] = *group
 		}
 		if err := c.do(ctx, http.MethodPost, taskPath(pos[0], pos[1])+"/runs", body, &res); err != nil {
 			return err

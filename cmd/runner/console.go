@@ -1,11 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -17,7 +19,7 @@ import (
 // argsWanted is the number of positional arguments of a client command.
 func argsWanted(cmd string) int {
 	switch cmd {
-	case "tasks", "scopes", "runners", "schedules":
+	case "tasks", "scopes", "runners", "limiters", "schedules":
 		return 0
 	case "pause", "resume":
 		return 1
@@ -25,8 +27,8 @@ func argsWanted(cmd string) int {
 	return 2
 }
 
-// console runs the operator commands: scopes, pause, resume, runners and
-// schedules. print renders JSON with --json, else calls its text func.
+// console runs the operator commands: scopes, pause, resume, runners,
+// limiters and schedules. print renders JSON with --json, else calls its text func.
 func (c *client) console(ctx context.Context, cmd string, pos []string, print func(any, func()), stdout io.Writer) error {
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	defer tw.Flush()
@@ -83,6 +85,24 @@ func (c *client) console(ctx context.Context, cmd string, pos []string, print fu
 				fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%s ago\t%s\t%s\n", r.Owner, state, r.Active, r.Concurrency,
 					(time.Duration(r.HeartbeatAgeSeconds * float64(time.Second))).Round(100*time.Millisecond),
 					r.StartedAt.Local().Format("2006-01-02 15:04:05"), r.Version)
+			}
+		})
+	case "limiters":
+		var out struct {
+			Limiters []jobs.LimiterView `json:"limiters"`
+		}
+		if err := c.do(ctx, http.MethodGet, "/v1/limiters", nil, &out); err != nil {
+			return err
+		}
+		print(out, func() {
+			if len(out.Limiters) == 0 {
+				fmt.Fprintln(tw, "no limiters configured")
+				return
+			}
+			fmt.Fprintln(tw, "NAME\tCONCURRENCY\tIN-USE\tRATE\tBURST\tWAITING\tHELD-UNTIL\tJOBS")
+			for _, l := range out.Limiters {
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%s\t%s\n", l.Name, orDash(l.Concurrency), l.InUse,
+					cmp.Or(l.Rate, "-"), orDash(l.Burst), l.Waiting, heldUntil(l.HeldUntil), cmp.Or(strings.Join(l.Jobs, ","), "-"))
 			}
 		})
 	case "schedules":
@@ -159,6 +179,22 @@ func earlierFanOuts(rs []*triggers.FanOutStatus) string {
 		out += fmt.Sprintf(" (longest %s)", longest.Round(time.Millisecond))
 	}
 	return out
+}
+
+// orDash renders a limit: "-" for 0 (none).
+func orDash(n int) string {
+	if n == 0 {
+		return "-"
+	}
+	return strconv.Itoa(n)
+}
+
+// heldUntil renders a limiter's hold: its end in local time, or "-".
+func heldUntil(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return t.Local().Format("15:04:05")
 }
 
 func deref(n *int) int {

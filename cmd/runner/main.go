@@ -45,7 +45,7 @@ const usage = `usage: runner <command> [flags]
 commands:
   serve     [--config FILE] [--listen ADDR] [--redis URL]   run a runner (embedded Redis and demo jobs by default)
   validate  --config FILE                                   check a config; exit 0, or list every problem and exit 2
-  submit    SUBJECT SCOPE [--source S] [--policy P] [--delay D] [--wait] submit a run (--wait follows it until it ends)
+  submit    SUBJECT SCOPE [--source S] [--policy P] [--delay D] [--group G] [--wait] submit a run (--wait follows it until it ends)
   status    SUBJECT SCOPE                                   show a task
   tasks     [--status S] [--scope S] [--subject S] [--prefix P] [--limit N]
   history   SUBJECT SCOPE [--limit N]
@@ -54,6 +54,7 @@ commands:
   pause     SCOPE                                           stop claiming the scope's runs (requests still queue)
   resume    SCOPE                                           claim them again; re-queue what waited
   runners                                                   live and recently gone runners
+  limiters                                                  fleet-wide limiters: slots in use, rate, waiting runs, hold
   schedules                                                 next occurrence, last fan-out, leader
 
 client commands take --server URL (default $TASKLEASE_SERVER, else http://127.0.0.1:8080) and read the token from TASKLEASE_TOKEN.
@@ -84,7 +85,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cmdServe(ctx, rest, stdout, stderr)
 	case "validate":
 		err = cmdValidate(rest, stdout, stderr)
-	case "submit", "status", "tasks", "history", "cancel", "scopes", "pause", "resume", "runners", "schedules":
+	case "submit", "status", "tasks", "history", "cancel", "scopes", "pause", "resume", "runners", "limiters", "schedules":
 		err = cmdClient(ctx, cmd, rest, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)

@@ -104,10 +104,11 @@ type stageHandler interface {
 	Validate() error
 }
 
-// BuildJobs turns the configured jobs into jobs.Jobs, sorted by scope:
-// exec stages become *jobs.ExecStage (env as sorted "K=V"), http stages
-// *jobs.HTTPStage (with an http.Client only when a timeout is set, so the
-// others share the default client's connections). With no jobs configured
+// BuildJobs turns the configured jobs into jobs.Jobs, sorted by scope,
+// with their limiters, limits and fairness (the limiters themselves are in
+// RegistryConfig): exec stages become *jobs.ExecStage (env as sorted
+// "K=V"), http stages *jobs.HTTPStage (with an http.Client only when a
+// timeout is set, so the others share the default client's connections). With no jobs configured
 // it returns DemoJobs, as `runner serve` does. Errors wrap ErrInvalid; they
 // cannot happen for a config from Parse or Load.
 func (c *Config) BuildJobs() ([]jobs.Job, error) {
@@ -135,6 +136,7 @@ func (c *Config) BuildJobs() ([]jobs.Job, error) {
 			Foreground: j.Foreground,
 			Stages:     make([]jobs.Stage, 0, len(j.Stages)),
 		}
+		buildJobLimits(&job, j)
 		for i, s := range j.Stages {
 			h, err := buildHandler(s)
 			if err == nil {
@@ -191,14 +193,16 @@ func execSupervisor() []string {
 	return []string{"/proc/self/exe", jobs.SuperviseCommand}
 }
 
-// RegistryConfig returns the registry settings of the config. Jobs, Logger
-// and Metrics are the caller's to fill.
+// RegistryConfig returns the registry settings of the config, the
+// limiters included (by name). Jobs, Logger and Metrics are the caller's
+// to fill.
 func (c *Config) RegistryConfig() jobs.Config {
 	return jobs.Config{
 		Prefix:     c.Redis.Prefix,
 		Partitions: c.Partitions,
 		HistoryCap: c.HistoryCap,
 		Retention:  c.Retention.D(),
+		Limiters:   c.buildLimiters(),
 	}
 }
 

@@ -59,6 +59,9 @@ type Config struct {
 	Retention Duration `yaml:"retention"`
 	// HistoryCap bounds each task's history (default 200 events).
 	HistoryCap int `yaml:"historyCap"`
+	// Limiters by name: fleet-wide limits that jobs share by naming them
+	// (Job.Limiters), e.g. the calls a remote store accepts.
+	Limiters map[string]*Limiter `yaml:"limiters"`
 	// Jobs by scope. None configured means the demo jobs (DemoJobs).
 	Jobs map[string]*Job `yaml:"jobs"`
 	// Schedules submit runs from cron expressions.
@@ -191,6 +194,45 @@ type Job struct {
 	// Foreground: the foreground hook submits this job when it names no
 	// scopes.
 	Foreground bool `yaml:"foreground"`
+	// Limiters names the limiters (Config.Limiters) a run of this job
+	// holds a slot of while it executes.
+	Limiters []string `yaml:"limiters"`
+	// Concurrency caps this job's runs executing at once across the whole
+	// fleet (not per runner: that is runner.concurrency). Default 0: no cap.
+	Concurrency int `yaml:"concurrency"`
+	// Rate paces the starts of this job's runs fleet-wide: "N/s", "N/m" or
+	// "N/h", with up to Burst starts at once (default 1). Default: none.
+	Rate  string `yaml:"rate"`
+	Burst int    `yaml:"burst"`
+	// Fairness groups the job's runs while they wait for a limiter, so the
+	// groups take turns. Default: one group, oldest first.
+	Fairness *Fairness `yaml:"fairness"`
+}
+
+// Limiter is a named, fleet-wide limit on the runs of the jobs that list
+// it: a concurrency, a rate, or both.
+type Limiter struct {
+	// Concurrency: at most this many runs holding the limiter execute at
+	// once across every runner (0: no cap).
+	Concurrency int `yaml:"concurrency"`
+	// Rate paces the starts of runs using the limiter: "N/s", "N/m" or
+	// "N/h", with up to Burst starts at once (default 1).
+	Rate  string `yaml:"rate"`
+	Burst int    `yaml:"burst"`
+	// HoldOnRetryAfter: when a run using the limiter is told to retry after
+	// a while (jobs.RetryAfter, HTTP 429 or 503 with Retry-After), the
+	// limiter starts nothing until then.
+	HoldOnRetryAfter bool `yaml:"holdOnRetryAfter"`
+}
+
+// Fairness groups a job's runs for fair share while they wait for a
+// limiter.
+type Fairness struct {
+	// GroupBy: subjectPrefix (the subject up to Separator) or request (the
+	// group named by the request that created the run).
+	GroupBy string `yaml:"groupBy"`
+	// Separator ends a subject's prefix (subjectPrefix only; default ":").
+	Separator string `yaml:"separator"`
 }
 
 // Retry spaces and bounds attempts.

@@ -945,7 +945,7 @@ func TestTagsComplete(t *testing.T) {
 	for _, typ := range []reflect.Type{
 		reflect.TypeFor[Config](), reflect.TypeFor[Redis](), reflect.TypeFor[Runner](), reflect.TypeFor[HTTP](),
 		reflect.TypeFor[Log](), reflect.TypeFor[Job](), reflect.TypeFor[Retry](), reflect.TypeFor[Stage](),
-		reflect.TypeFor[HTTPStage](), reflect.TypeFor[Schedule](),
+		reflect.TypeFor[HTTPStage](), reflect.TypeFor[Schedule](), reflect.TypeFor[Limiter](), reflect.TypeFor[Fairness](),
 	} {
 		for i := range typ.NumField() {
 			if f := typ.Field(i); f.Tag.Get("yaml") == "" {

@@ -37,6 +37,13 @@ func FuzzParse(f *testing.F) {
 		"jobs: {a: {debounce: 2m, debounceMax: 1m, stages: [{name: x, exec: [\"true\"]}]}}\n",
 		"jobs: {a: {debounce: -1s, stages: [{name: x, exec: [\"true\"]}]}}\n",
 		"runner: {execStarts: 0}\n",
+		"limiters: {remote_store: {concurrency: 50, rate: 20/s, burst: 10, holdOnRetryAfter: true}}\n" +
+			"jobs: {a: {limiters: [remote_store], concurrency: 100, rate: 50/s, fairness: {groupBy: subjectPrefix, separator: \":\"}, stages: [{name: x, exec: [\"true\"]}]}}\n",
+		"limiters: {l: {rate: 5/m}, m: {concurrency: 1}}\njobs: {a: {limiters: [l, m], fairness: {groupBy: request}, stages: [{name: x, exec: [\"true\"]}]}}\n",
+		"limiters: {l: {rate: 1000000/s, burst: 1000000}}\njobs: {a: {rate: 3600000000/h, burst: 0, stages: [{name: x, exec: [\"true\"]}]}}\n",
+		"limiters: {l: {burst: 3}, \"job.a\": {concurrency: -1}}\njobs: {a: {limiters: [l, l, x], fairness: {groupBy: request, separator: \"/\"}, stages: [{name: x, exec: [\"true\"]}]}}\n",
+		"limiters: {l: }\njobs: {a: {concurrency: 100001, rate: 0/s, fairness: {}, stages: [{name: x, exec: [\"true\"]}]}}\n",
+		"limiters: &l {r: {rate: 1/h}}\njobs: {a: {limiters: [r], concurrency: 1, fairness: {groupBy: subjectPrefix, separator: \"@\"}, stages: [{name: x, exec: [\"true\"]}]}}\n",
 	} {
 		f.Add([]byte(s))
 	}

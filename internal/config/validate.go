@@ -57,11 +57,18 @@ func (c *Config) checkExplicitZeros(ps *problemSet) {
 	zero("retention", c.Retention == 0, "must be positive")
 	zero("historyCap", c.HistoryCap == 0, "must be at least 1")
 	zero("runner.shutdownGrace", c.Runner.ShutdownGrace == 0, "must be positive (omit it for the default 10s)")
+	const burstZero = "must be at least 1 (omit it for the default 1)"
+	for name, l := range c.Limiters {
+		if l != nil {
+			zero(keyPath("limiters", name)+".burst", l.Burst == 0, burstZero)
+		}
+	}
 	for scope, j := range c.Jobs {
 		if j == nil {
 			continue
 		}
 		p := keyPath("jobs", scope)
+		zero(p+".burst", j.Burst == 0, burstZero)
 		zero(p+".retry.maxAttempts", j.Retry.MaxAttempts == 0, "must be at least 1 (1 disables retries)")
 		zero(p+".retry.backoff", j.Retry.Backoff == 0, "must be positive (omit it for the default 1s)")
 		zero(p+".retry.maxBackoff", j.Retry.MaxBackoff == 0, "must be positive (omit it for the default 5m)")
@@ -102,8 +109,12 @@ func (c *Config) validate(ps *problemSet) {
 	if c.HistoryCap < 1 {
 		ps.addf("historyCap", "%d must be at least 1", c.HistoryCap)
 	}
+	c.validateLimiters(ps)
 	for _, scope := range sortedScopes(c.Jobs) {
 		validateJob(ps, scope, c.Jobs[scope])
+		if j := c.Jobs[scope]; j != nil {
+			c.validateJobLimits(ps, keyPath("jobs", scope), j)
+		}
 	}
 	c.validateSchedules(ps)
 }

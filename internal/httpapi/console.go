@@ -9,7 +9,7 @@ import (
 )
 
 // The operator console's routes (docs/http-api.md): scopes and their pause,
-// runners, schedules and cancel-all-matching.
+// runners, limiters, schedules and cancel-all-matching.
 
 // filterBody selects tasks: the query of GET /v1/tasks and the body of
 // POST /v1/tasks/cancel.
@@ -136,6 +136,24 @@ func (a *api) runners(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, runnersResponse{Runners: rs})
+}
+
+type limitersResponse struct {
+	Limiters []jobs.LimiterView `json:"limiters"`
+}
+
+// limiters answers every limiter's state: named ones and the jobs' own
+// ("job.<scope>"), by name; an empty list when none is configured.
+func (a *api) limiters(w http.ResponseWriter, r *http.Request) {
+	ls, err := a.reg.Limiters(r.Context())
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	if ls == nil {
+		ls = []jobs.LimiterView{}
+	}
+	writeJSON(w, http.StatusOK, limitersResponse{Limiters: ls})
 }
 
 type schedulesResponse struct {

@@ -36,6 +36,9 @@ func FuzzSubmitBody(f *testing.F) {
 		`{"source":"manual","source":"bogus"}`, `{}}`,
 		`{"delay":"90s"}`, `{"delay":"-1s"}`, `{"delay":"soon"}`, `{"delay":"1000h"}`,
 		`{"notBefore":"2026-12-03T14:05:00Z"}`, `{"notBefore":"tomorrow"}`, `{"delay":"1s","notBefore":"2020-01-01T00:00:00Z"}`,
+		`{"group":"acme"}`, `{"group":""}`, `{"group":"acme:eu","delay":"5s"}`, `{"group":"a b"}`, `{"group":"a|b"}`,
+		`{"group":"t@1+2~3"}`, `{"group":"\u0000"}`, `{"group":"\u00a0"}`, `{"group":"租户"}`, `{"group":7}`, `{"group":null}`,
+		`{"group":"` + strings.Repeat("g", 64) + `"}`, `{"group":"` + strings.Repeat("g", 65) + `"}`, `{"group":"\ud800"}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -49,15 +52,19 @@ func FuzzSubmitBody(f *testing.F) {
 				t.Fatalf("status %d changed redis", w.Code)
 			}
 		}
-		// Oracle: a well-formed body with valid values must be accepted.
+		// Oracle: a well-formed body with valid values must be accepted,
+		// and one with a bad group refused (before anything is written).
 		if len(body) <= fuzzBodyLimit {
 			var sb submitBody
 			dec := json.NewDecoder(bytes.NewReader(body))
 			dec.DisallowUnknownFields()
-			if json.Valid(body) && dec.Decode(&sb) == nil && validSource(sb.Source) && validPolicy(sb.Policy) &&
-				validDelays(sb) &&
-				w.Code != http.StatusOK {
+			wellFormed := json.Valid(body) && dec.Decode(&sb) == nil
+			if wellFormed && validSource(sb.Source) && validPolicy(sb.Policy) && validDelays(sb) &&
+				jobs.ValidateGroup(sb.Group) == nil && w.Code != http.StatusOK {
 				t.Fatalf("valid body %q answered %d %s", body, w.Code, w.Body)
+			}
+			if wellFormed && jobs.ValidateGroup(sb.Group) != nil && w.Code != http.StatusBadRequest {
+				t.Fatalf("body %q with a bad group answered %d %s", body, w.Code, w.Body)
 			}
 		}
 	})

@@ -26,12 +26,15 @@ type submitBody struct {
 	// the request starts (jobs.SubmitOptions).
 	Delay     string `json:"delay"`
 	NotBefore string `json:"notBefore"`
+	// Group is the fair-share group of the run the request starts, for a
+	// job whose fairness groups by request (jobs.SubmitOptions.Group).
+	Group string `json:"group"`
 }
 
 // options validates the body's delay fields and returns the submit's
 // options.
 func (b submitBody) options() (jobs.SubmitOptions, error) {
-	o := jobs.SubmitOptions{Source: jobs.Source(b.Source), Policy: jobs.Policy(b.Policy)}
+	o := jobs.SubmitOptions{Source: jobs.Source(b.Source), Policy: jobs.Policy(b.Policy), Group: b.Group}
 	if b.Delay != "" {
 		d, err := time.ParseDuration(b.Delay)
 		if err != nil || d < 0 || d > jobs.DelayMax {

@@ -63,6 +63,10 @@ type envOpts struct {
 	allowedHosts    []string
 	maxEventClients int
 	schedules       func(context.Context) ([]triggers.ScheduleStatus, error)
+	// limited: a limiter remote_store (50 slots, 20/s, burst 10, held on
+	// retry-after) that course_sync uses, with a concurrency of its own
+	// (100) and fair share by request; backup stays unlimited.
+	limited bool
 }
 
 // testHost is the Host of in-process requests (serve, serveWith):
@@ -94,7 +98,7 @@ func newEnv(t testing.TB, o envOpts) *env {
 		})}
 	}
 	preg := prometheus.NewRegistry()
-	reg, err := jobs.NewRegistry(e.mini.Client(t), jobs.Config{
+	cfg := jobs.Config{
 		Partitions: 4,
 		Logger:     logger,
 		Metrics:    preg,
@@ -102,7 +106,14 @@ func newEnv(t testing.TB, o envOpts) *env {
 			{Scope: "course_sync", Foreground: true, Stages: []jobs.Stage{stage("pulling"), stage("pushing")}},
 			{Scope: "backup", Stages: []jobs.Stage{stage("dumping")}},
 		},
-	})
+	}
+	if o.limited {
+		cfg.Limiters = []jobs.Limiter{{Name: "remote_store", Concurrency: 50,
+			Rate: jobs.Rate{Count: 20, Per: time.Second, Burst: 10}, HoldOnRetryAfter: true}}
+		cs := &cfg.Jobs[0]
+		cs.Limiters, cs.Concurrency, cs.Fairness = []string{"remote_store"}, 100, jobs.Fairness{GroupBy: jobs.FairnessRequest}
+	}
+	reg, err := jobs.NewRegistry(e.mini.Client(t), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -247,6 +247,7 @@ func newAPI(reg *jobs.Registry, opts Options, set settings) *api {
 	m.HandleFunc("POST /v1/scopes/{scope}/pause", a.pause)
 	m.HandleFunc("POST /v1/scopes/{scope}/resume", a.resume)
 	m.HandleFunc("GET /v1/runners", a.runners)
+	m.HandleFunc("GET /v1/limiters", a.limiters)
 	m.HandleFunc("GET /v1/schedules", a.schedules)
 	m.HandleFunc("POST /v1/hooks/foreground", a.foreground)
 	m.HandleFunc("GET "+eventsPath, a.events)
@@ -431,7 +432,7 @@ func (a *api) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusRequestEntityTooLarge, "payload_too_large", fmt.Sprintf("body larger than %d bytes", mbe.Limit))
 	case errors.As(err, &br), errors.Is(err, taskkey.ErrInvalid),
 		errors.Is(err, jobs.ErrInvalidSource), errors.Is(err, jobs.ErrInvalidPolicy), errors.Is(err, jobs.ErrInvalidStatus),
-		errors.Is(err, jobs.ErrInvalidDelay):
+		errors.Is(err, jobs.ErrInvalidDelay), errors.Is(err, jobs.ErrInvalidGroup):
 		writeError(w, http.StatusBadRequest, "bad_request", err.Error())
 	case errors.Is(err, jobs.ErrUnknownScope), errors.Is(err, jobs.ErrNotFound):
 		writeError(w, http.StatusNotFound, "not_found", err.Error())

@@ -367,6 +367,12 @@ func TestOpenAPISchemasOfGoTypes(t *testing.T) {
 		{"RunnersResponse", runnersResponse{Runners: []jobs.RunnerInfo{{Owner: "pod-a/1f2e", ID: "pod-a", Version: "(devel)",
 			Concurrency: 8, Active: 2, StartedAt: now, HeartbeatAt: later, HeartbeatAgeSeconds: 1.5, StoppedAt: &later,
 			IntervalSeconds: 2, Finished: []jobs.FinishedCount{{Minute: now.Unix(), Scope: "backup", Done: 1, Failed: 1}}}}}},
+		{"LimitersResponse", limitersResponse{Limiters: []jobs.LimiterView{
+			{Name: "job.backup", Concurrency: 4, InUse: 4, Waiting: 7, Jobs: []string{"backup"}},
+			{Name: "remote_store", Concurrency: 50, InUse: 2, Rate: "20/s", Burst: 10, Waiting: 3, HeldUntil: &later,
+				Jobs: []string{"backup", "course_sync"}},
+			{Name: "slow", Rate: "5/m", Burst: 1, Jobs: []string{}},
+		}}},
 		{"SchedulesResponse", schedulesResponse{Schedules: []triggers.ScheduleStatus{
 			{Name: "all", Cron: "*/15 * * * *", Scope: "backup", Subjects: triggers.SubjectsCount{All: true},
 				NextOccurrence: &later, LastOccurrence: &fanOut, RecentOccurrences: []*triggers.FanOutStatus{&fanOut, &fanOut},

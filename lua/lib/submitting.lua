@@ -18,7 +18,7 @@ local VIEW_FIELDS = {'runId', 'status', 'stage', 'stages', 'done', 'attempt', 'm
 -- HMGET), then what it decides on.
 local SUBMIT_READ = {'runId', 'status', 'stage', 'stages', 'done', 'attempt', 'maxAttempts', 'sources',
   'owner', 'token', 'requestedAt', 'startedAt', 'updatedAt', 'finishedAt', 'nextAttemptAt', 'lastError',
-  'cancel', 'followUp', 'waiting', 'lastSuccessAt', 'followUpSources', 'lane', 'entry', 'co'}
+  'cancel', 'followUp', 'waiting', 'lastSuccessAt', 'followUpSources', 'lane', 'entry', 'co', 'group'}
 
 -- view_reply encodes the view fields as one string, US-separated in
 -- VIEW_FIELDS order (jobs.viewFromReply): one reply value instead of a
@@ -90,15 +90,24 @@ local function fast_of(src, policy, k)
   return f
 end
 
--- request_timing reads a request's timing field (jobs.timingArg):
+-- request_timing reads a request's timing field (jobs.appendTiming):
 -- "<minInterval ms>", followed for a delayed request by "+<delay ms>" —
 -- and "~<debounceMax ms>" for a debounced one — and/or "@<not before, unix
--- ms>". Returns the min interval, the not-before time (ms, a number; nil
--- when not delayed or already due at now) and the debounce bound (or nil).
+-- ms>", and last, for a request that names a fair-share group,
+-- "|<group>" (jobs.requestArg; a group holds no '|'). Returns the min
+-- interval, the not-before time (ms, a number; nil when not delayed or
+-- already due at now), the debounce bound (or nil) and the group ('' for
+-- none).
 -- (One statement per variable: gopher-lua, miniredis's Lua, assigns a
 -- multiple assignment's first target before it evaluates the others.)
 local function request_timing(field, now)
   local nb, dmax = nil, nil
+  local group = ''
+  local bar = sfind(field, '|', 1, true)
+  if bar then
+    group = ssub(field, bar + 1)
+    field = ssub(field, 1, bar - 1)
+  end
   local at = sfind(field, '@', 1, true)
   if at then
     nb = tonum(ssub(field, at + 1))
@@ -117,7 +126,7 @@ local function request_timing(field, now)
     field = ssub(field, 1, plus - 1)
   end
   if nb and nb <= tonum(now) then nb = nil end
-  return small_num(field), nb, dmax
+  return small_num(field), nb, dmax, group
 end
 
 -- POLICY_OF and SOURCE_OF name a request's policy and source by the
@@ -240,6 +249,15 @@ local function submit_one(a, vals)
   if not active and not throttled then
     new_run(task, a.q, hist, a.key, a.run_id, a.stages, a.max_attempts, src, src, now, status and true or false,
       vals[X + 24], last_success, a.not_before)
+    -- The run's fair-share group (jobs.SubmitOptions.Group), which the
+    -- limiter scripts read: written only when the request names one, and
+    -- one that a run before it left on the record is dropped. A request
+    -- without a group on a record without one costs nothing more.
+    if a.group ~= '' then
+      rcall('HSET', task, 'group', a.group)
+    elseif vals[X + 25] then
+      rcall('HDEL', task, 'group')
+    end
     hist_push(hist, a.cap, hist_ev(now, 'requested', a.run_id, src, '', 'started'))
     rcall('ZADD', a.index, now, a.key)
     if src ~= 'schedule' then seen_subject(a, now) end
