@@ -239,6 +239,7 @@ func (r *Runner) decodeReserved(d *limiterDef, v any, sent time.Time) []*admissi
 // wait records that a's run waits for d: its record says why, its entry
 // stays taken until limiterRecheck, and its other starts are given back.
 func (r *Runner) wait(ctx context.Context, a *admission, d *limiterDef, why string, at int64) {
+	r.reg.metrics.limiterDeferred.WithLabelValues(a.e.key.Scope()).Inc()
 	text := r.waitingText(d, why, at)
 	ks := r.reg.ks
 	p := a.e.p
