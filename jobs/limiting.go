@@ -467,9 +467,8 @@ func (r *Runner) pumpLoop(ctx context.Context, d *limiterDef, poke <-chan struct
 		}
 		r.release(1)
 		sleep = pumpIdle
-		if toInt(res[2]) > 0 {
-			at := time.UnixMilli(toInt(res[1]))
-			sleep = min(max(time.Until(at), time.Millisecond), pumpBusy)
+		if toInt(res[2]) > 0 { // runs wait: look again when the limiter says, by its clock
+			sleep = min(max(time.Duration(toInt(res[1]))*time.Millisecond, time.Millisecond), pumpBusy)
 		}
 	}
 }

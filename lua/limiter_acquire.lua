@@ -12,7 +12,8 @@
 -- ARGV[1] configuration (lib/limiters.lua lim_open)   ARGV[2] owner
 -- ARGV[3] slot ttl (ms)   then per member 3 values: the member (a request
 --         entry), its lane ('p' people, 'b' bulk), its fair-share group
--- returns {results, reserved, look again at (ms, 0: none waits), waiting}
+-- returns {results, reserved, look again in (ms, by Redis
+--   time: a runner's clock may differ; 0 when none waits), waiting}
 --   results: per member {'g', slot, token} admitted (slot -1 without a
 --   concurrency) or {'w', reason, at}: waiting; reason 'full', 'rate',
 --   'held' (holdOnRetryAfter) or 'turn' (others wait first), at when to
@@ -44,4 +45,4 @@ for j = 4, #ARGV, 3 do
 end
 local reserved = {}
 local next_at, left = lim_pump(l, owner, free, reserved)
-return {res, reserved, tostring(next_at), left}
+return {res, reserved, lim_in(l, next_at), left}

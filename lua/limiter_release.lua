@@ -13,7 +13,8 @@
 --         not granted): their rate is refunded
 -- then per slot 3 values: slot number (-1: a rate-only limiter), token,
 -- member
--- returns {reserved, look again at (ms, 0: none waits), waiting}
+-- returns {reserved, look again in (ms, by Redis
+--   time: a runner's clock may differ; 0 when none waits), waiting}
 local l = lim_open(KEYS[1], ARGV[1], ARGV[3])
 local owner = ARGV[2]
 if tonum(ARGV[5]) > 0 and l.now + tonum(ARGV[5]) > l.hold then
@@ -33,4 +34,4 @@ for j = 7, #ARGV, 3 do
 end
 local reserved = {}
 local next_at, left = lim_pump(l, owner, tonum(ARGV[4]), reserved)
-return {reserved, tostring(next_at), left}
+return {reserved, lim_in(l, next_at), left}

@@ -189,3 +189,10 @@ local function lim_slot_of(l, i, member, owner, token)
   if not exp or exp <= l.now then return nil end
   return h
 end
+
+-- lim_in returns how long from now (ms, by Redis time, as a string) until
+-- at; 0 for no time (at 0).
+local function lim_in(l, at)
+  if at == 0 then return '0' end
+  return tostring(math.max(math.floor(at - l.now), 0))
+end
