@@ -138,7 +138,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	only := fs.String("only", "", "comma-separated measurements to run: "+measureNames())
 	jsonFile := fs.String("json-out", "", "also write the JSON object to this file")
 	callgrind := fs.Bool("callgrind", false, "run Redis under valgrind's callgrind and report the instructions it executes per run/request (deterministic; rates are meaningless then, use with --quick)")
-	commands := fs.Bool("commands", false, "print the Redis commands per run of every end-to-end window (INFO commandstats: calls and µs per run, by command)")
+	commands := fs.Bool("commands", false, "print the Redis commands per run of every end-to-end window (INFO commandstats: calls and µs per run, by command; tasklease: FCALLs per run by function)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the bench process (both systems' clients and servers) to this file")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: go run . [--json] [--json-out FILE] [--reps N] [--quick] [--only name,name] [--cpuprofile FILE] [--callgrind] [--commands]\n\n")
