@@ -42,6 +42,17 @@
 //     handler-start p99. asynq: the backlog in "default", the manual tasks
 //     in "critical", StrictPriority.
 //
+// Limiters (tasklease only: asynq has no limiter, so these rows have no
+// asynq column and no ratio to it):
+//
+//   - e2e_1stage_limited: e2e_1stage (the same runs, submitters and runner
+//     of concurrency 50) with the job holding a named limiter of
+//     concurrency 50, the runner's own, so the limit never binds: runs/s,
+//     Redis commands and client round trips per run. Each repetition also
+//     measures tasklease's plain e2e_1stage (alternately before and after)
+//     and the goal is the ratio of the two within the repetition.
+//     Checked: every run held exactly one slot of the limiter.
+//
 // Targets are evaluated and printed; the exit status is 0 whether or not
 // they are met, 1 when a count check or a measurement failed, 2 when the
 // bench could not start (bad flags, no redis-server).
@@ -110,6 +121,7 @@ var measures = []measure{
 	{"pickup", (*bench).pickup},
 	{"fanout", (*bench).fanout},
 	{"backlog", (*bench).backlog},
+	{"e2e_1stage_limited", (*bench).e2eLimited},
 }
 
 // bench is the state shared by the measurements of one run.
