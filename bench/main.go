@@ -52,6 +52,12 @@
 //     measures tasklease's plain e2e_1stage (alternately before and after)
 //     and the goal is the ratio of the two within the repetition.
 //     Checked: every run held exactly one slot of the limiter.
+//   - limiter_fairness_p99_ms: a job with its own limiter of concurrency
+//     10 and fair share by subject prefix, a ~5 ms stage (a sleep); tenant
+//     A's 100,000 schedule runs (SubmitMany) wait in the limiter (its
+//     waiting runs plus those started make the backlog), then tenant B's
+//     100 runs, from the same source, arrive 5–10 ms apart: their Submit →
+//     handler-start p50/p99. Fails if A's backlog ran dry first.
 //
 // Targets are evaluated and printed; the exit status is 0 whether or not
 // they are met, 1 when a count check or a measurement failed, 2 when the
@@ -94,16 +100,20 @@ type sizes struct {
 	FanoutSubjects int `json:"fanout_subjects"`
 	Backlog        int `json:"backlog"`
 	BacklogManual  int `json:"backlog_manual"`
+	FairBacklog    int `json:"fair_backlog"`  // tenant A's runs waiting for the limiter
+	FairRequests   int `json:"fair_requests"` // tenant B's runs
 }
 
 var fullSizes = sizes{
 	HotKeys: 1_000, HotRequests: 200_000, NewRequests: 100_000, E2ERuns: 20_000,
 	PickupSamples: 200, FanoutSubjects: 1_000_000, Backlog: 100_000, BacklogManual: 100,
+	FairBacklog: 100_000, FairRequests: 100,
 }
 
 var quickSizes = sizes{
 	HotKeys: 50, HotRequests: 10_000, NewRequests: 5_000, E2ERuns: 1_000,
 	PickupSamples: 10, FanoutSubjects: 50_000, Backlog: 25_000, BacklogManual: 20,
+	FairBacklog: 5_000, FairRequests: 20,
 }
 
 // measure is one family of measurements; run measures both systems once
@@ -122,6 +132,7 @@ var measures = []measure{
 	{"fanout", (*bench).fanout},
 	{"backlog", (*bench).backlog},
 	{"e2e_1stage_limited", (*bench).e2eLimited},
+	{"limiter_fairness_p99_ms", (*bench).limiterFairness},
 }
 
 // bench is the state shared by the measurements of one run.

@@ -143,6 +143,8 @@ func (r *report) rows() []row {
 		{label: "Redis commands per run (e2e_1stage_limited, script commands included)", key: "e2e_1stage_limited_redis_calls_per_run", asKey: "-", decimals: 1},
 		{label: "client round trips per run (e2e_1stage_limited)", key: "round_trips_per_1stage_limited_run", asKey: "-", decimals: 2},
 		{label: "Redis CPU µs per run (e2e_1stage_limited)", key: "e2e_1stage_limited_redis_cpu_us_per_run", asKey: "-", decimals: 1},
+		{label: fmt.Sprintf("limiter fair share p50, ms (tenant B's runs; %d of A's wait for concurrency %d)", sz.FairBacklog, fairConcurrency), key: "limiter_fairness_p50_ms", asKey: "-", decimals: 2},
+		{label: fmt.Sprintf("limiter fair share p99, ms (tenant B's runs; %d of A's wait for concurrency %d)", sz.FairBacklog, fairConcurrency), key: "limiter_fairness_p99_ms", asKey: "-", decimals: 2, goal: "limiter_fairness_p99_ms"},
 	}
 }
 
@@ -168,6 +170,7 @@ var targets = []target{
 	{key: "fanout_1m_s", op: "<=", limit: 60, also: &target{key: "fanout_leader_rss_mb", op: "<", limit: 200}},
 	{key: "manual_under_backlog_p99_ms", op: "<=", limit: 50},
 	{key: "e2e_1stage_limited_ratio", op: ">=", limit: 0.8},
+	{key: "limiter_fairness_p99_ms", op: "<=", limit: 50},
 }
 
 func (t target) String() string {
@@ -312,7 +315,7 @@ var requiredKeys = []string{
 	"submit_hot_ratio", "submit_new_ratio", "e2e_1stage_ratio", "e2e_2stage_ratio",
 	"pickup_p50_ms", "pickup_p99_ms", "bytes_per_finished_key", "redis_cpu_us_per_run",
 	"round_trips_per_2stage_run", "fanout_1m_s", "manual_under_backlog_p99_ms",
-	"e2e_1stage_limited_ratio",
+	"e2e_1stage_limited_ratio", "limiter_fairness_p99_ms",
 }
 
 // writeJSON prints one JSON object: the required figures, the median of
