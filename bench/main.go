@@ -58,6 +58,10 @@
 //     waiting runs plus those started make the backlog), then tenant B's
 //     100 runs, from the same source, arrive 5–10 ms apart: their Submit →
 //     handler-start p50/p99. Fails if A's backlog ran dry first.
+//   - rate_accuracy: a named limiter of rate 500/s, burst 10, saturated
+//     for 10 s by a larger backlog of no-op runs: the starts after the
+//     burst (told apart by their slot tokens) within 10 s from the first
+//     of them, ÷ 500 × 10. Also the most handler starts in any second.
 //
 // Targets are evaluated and printed; the exit status is 0 whether or not
 // they are met, 1 when a count check or a measurement failed, 2 when the
@@ -102,18 +106,19 @@ type sizes struct {
 	BacklogManual  int `json:"backlog_manual"`
 	FairBacklog    int `json:"fair_backlog"`  // tenant A's runs waiting for the limiter
 	FairRequests   int `json:"fair_requests"` // tenant B's runs
+	RateSeconds    int `json:"rate_seconds"`  // how long the rate limiter is saturated
 }
 
 var fullSizes = sizes{
 	HotKeys: 1_000, HotRequests: 200_000, NewRequests: 100_000, E2ERuns: 20_000,
 	PickupSamples: 200, FanoutSubjects: 1_000_000, Backlog: 100_000, BacklogManual: 100,
-	FairBacklog: 100_000, FairRequests: 100,
+	FairBacklog: 100_000, FairRequests: 100, RateSeconds: 10,
 }
 
 var quickSizes = sizes{
 	HotKeys: 50, HotRequests: 10_000, NewRequests: 5_000, E2ERuns: 1_000,
 	PickupSamples: 10, FanoutSubjects: 50_000, Backlog: 25_000, BacklogManual: 20,
-	FairBacklog: 5_000, FairRequests: 20,
+	FairBacklog: 5_000, FairRequests: 20, RateSeconds: 2,
 }
 
 // measure is one family of measurements; run measures both systems once
@@ -133,6 +138,7 @@ var measures = []measure{
 	{"backlog", (*bench).backlog},
 	{"e2e_1stage_limited", (*bench).e2eLimited},
 	{"limiter_fairness_p99_ms", (*bench).limiterFairness},
+	{"rate_accuracy", (*bench).rateAccuracy},
 }
 
 // bench is the state shared by the measurements of one run.

@@ -145,6 +145,7 @@ func (r *report) rows() []row {
 		{label: "Redis CPU µs per run (e2e_1stage_limited)", key: "e2e_1stage_limited_redis_cpu_us_per_run", asKey: "-", decimals: 1},
 		{label: fmt.Sprintf("limiter fair share p50, ms (tenant B's runs; %d of A's wait for concurrency %d)", sz.FairBacklog, fairConcurrency), key: "limiter_fairness_p50_ms", asKey: "-", decimals: 2},
 		{label: fmt.Sprintf("limiter fair share p99, ms (tenant B's runs; %d of A's wait for concurrency %d)", sz.FairBacklog, fairConcurrency), key: "limiter_fairness_p99_ms", asKey: "-", decimals: 2, goal: "limiter_fairness_p99_ms"},
+		{label: fmt.Sprintf("rate accuracy: starts ÷ configured (%d/s, burst %d, %d s saturated)", ratePerS, rateBurst, sz.RateSeconds), key: "rate_accuracy", asKey: "-", decimals: 3, goal: "rate_accuracy"},
 	}
 }
 
@@ -153,8 +154,13 @@ type target struct {
 	key   string
 	op    string // ">=", "<="
 	limit float64
-	// also, when set, is a second condition: the rss of the fan-out.
+	// also, when set, is a second condition: the rss of the fan-out, the
+	// upper bound of the rate's accuracy.
 	also *target
+	// decimals > 0: the figure is compared rounded to this many decimals,
+	// as the table shows it (the rate's accuracy is 1 ± one start of
+	// timing when the limiter is exact).
+	decimals int
 }
 
 var targets = []target{
@@ -171,12 +177,15 @@ var targets = []target{
 	{key: "manual_under_backlog_p99_ms", op: "<=", limit: 50},
 	{key: "e2e_1stage_limited_ratio", op: ">=", limit: 0.8},
 	{key: "limiter_fairness_p99_ms", op: "<=", limit: 50},
+	{key: "rate_accuracy", op: ">=", limit: 0.95, decimals: 3, also: &target{key: "rate_accuracy", op: "<=", limit: 1.0, decimals: 3}},
 }
 
 func (t target) String() string {
 	s := fmt.Sprintf("%s %s %g", t.key, t.op, t.limit)
 	if t.also != nil {
 		s += " and " + t.also.String()
+	} else if t.decimals > 0 {
+		s += fmt.Sprintf(" (to %d decimals)", t.decimals)
 	}
 	return s
 }
@@ -204,6 +213,10 @@ func (r *report) met(t target) (met, ok bool) {
 	v, ok := r.value(t.key)
 	if !ok {
 		return false, false
+	}
+	if t.decimals > 0 {
+		p := math.Pow10(t.decimals)
+		v = math.Round(v*p) / p
 	}
 	switch t.op {
 	case ">=":
@@ -315,7 +328,7 @@ var requiredKeys = []string{
 	"submit_hot_ratio", "submit_new_ratio", "e2e_1stage_ratio", "e2e_2stage_ratio",
 	"pickup_p50_ms", "pickup_p99_ms", "bytes_per_finished_key", "redis_cpu_us_per_run",
 	"round_trips_per_2stage_run", "fanout_1m_s", "manual_under_backlog_p99_ms",
-	"e2e_1stage_limited_ratio", "limiter_fairness_p99_ms",
+	"e2e_1stage_limited_ratio", "limiter_fairness_p99_ms", "rate_accuracy",
 }
 
 // writeJSON prints one JSON object: the required figures, the median of
