@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -159,6 +160,7 @@ type underBacklog struct {
 	prefix      string        // of the requests' ids (their subjects)
 	bulk        *atomic.Int64 // the backlog's handler calls so far
 	ready       func() (bool, error)
+	readyEvery  time.Duration // ready is asked this often (0: every millisecond)
 	readyWithin time.Duration // the first request waits until ready, at most this long
 	readyWhat   string        // the error when it is not ready in time
 }
@@ -171,7 +173,7 @@ func (b *bench) requestsUnderBacklog(u underBacklog, ch <-chan started, submit f
 	n, manual, bulk := u.backlog, u.requests, u.bulk
 	ctx, cancel := context.WithTimeout(b.ctx, u.readyWithin+5*time.Minute)
 	defer cancel()
-	if err := waitUntil(ctx, u.readyWithin, time.Millisecond, u.ready); err != nil {
+	if err := waitUntil(ctx, u.readyWithin, cmp.Or(u.readyEvery, time.Millisecond), u.ready); err != nil {
 		return res, fmt.Errorf("%s (%d started): %w", u.readyWhat, bulk.Load(), err)
 	}
 

@@ -99,7 +99,8 @@ func (b *bench) limiterFairness(rep int) error {
 	}
 	res, err := b.requestsUnderBacklog(underBacklog{
 		backlog: int64(n), requests: b.sz.FairRequests, prefix: "b:", bulk: &bulk,
-		ready: inLimiter, readyWithin: 5 * time.Minute, readyWhat: "tenant A's backlog not in the limiter",
+		ready: inLimiter, readyEvery: 10 * time.Millisecond, readyWithin: 5 * time.Minute, // a read of Redis each
+		readyWhat: "tenant A's backlog not in the limiter",
 	}, ch, func(id string) error {
 		_, err := tl.reg.Submit(b.ctx, id, scope, jobs.SubmitOptions{Source: jobs.SourceSchedule})
 		return err
