@@ -59,9 +59,9 @@
 //     100 runs, from the same source, arrive 5–10 ms apart: their Submit →
 //     handler-start p50/p99. Fails if A's backlog ran dry first.
 //   - rate_accuracy: a named limiter of rate 500/s, burst 10, saturated
-//     for 10 s by a larger backlog of no-op runs: the starts after the
-//     burst (told apart by their slot tokens) within 10 s from the first
-//     of them, ÷ 500 × 10. Also the most handler starts in any second.
+//     for 10 s by a larger backlog of no-op runs: the handler starts
+//     within 10 s from the first, less the burst, ÷ 500 × 10 (the goal
+//     compared to 2 decimals). Also the most handler starts in any second.
 //
 // Targets are evaluated and printed; the exit status is 0 whether or not
 // they are met, 1 when a count check or a measurement failed, 2 when the

