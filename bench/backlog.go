@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -143,21 +144,44 @@ func (b *bench) backlogAsynq(rep int) (backlogResult, error) {
 // (bulk counts its handler calls), then submits the manual requests m0, m1,
 // … 5–10 ms apart and returns their submit → handler-start latencies.
 func (b *bench) manualUnderBacklog(bulk *atomic.Int64, ch <-chan started, submit func(id string) error) (backlogResult, error) {
+	n := int64(b.sz.Backlog)
+	return b.requestsUnderBacklog(underBacklog{
+		backlog: n, requests: b.sz.BacklogManual, prefix: "m", bulk: bulk,
+		ready: func() (bool, error) { return bulk.Load() >= min(n/20, 2000), nil }, readyWithin: time.Minute,
+		readyWhat: "backlog not draining",
+	}, ch, submit)
+}
+
+// underBacklog describes requests sent one after another while a backlog
+// drains.
+type underBacklog struct {
+	backlog     int64         // runs in the backlog
+	requests    int           // requests to send: prefix + "0", prefix + "1", …
+	prefix      string        // of the requests' ids (their subjects)
+	bulk        *atomic.Int64 // the backlog's handler calls so far
+	ready       func() (bool, error)
+	readyEvery  time.Duration // ready is asked this often (0: every millisecond)
+	readyWithin time.Duration // the first request waits until ready, at most this long
+	readyWhat   string        // the error when it is not ready in time
+}
+
+// requestsUnderBacklog waits until u.ready, then submits u's requests
+// 5–10 ms apart and returns their submit → handler-start latencies (ch
+// carries the starts of the requests, by id).
+func (b *bench) requestsUnderBacklog(u underBacklog, ch <-chan started, submit func(id string) error) (backlogResult, error) {
 	var res backlogResult
-	n, manual := int64(b.sz.Backlog), b.sz.BacklogManual
-	ctx, cancel := context.WithTimeout(b.ctx, 5*time.Minute)
+	n, manual, bulk := u.backlog, u.requests, u.bulk
+	ctx, cancel := context.WithTimeout(b.ctx, u.readyWithin+5*time.Minute)
 	defer cancel()
-	if err := waitUntil(ctx, time.Minute, time.Millisecond, func() (bool, error) {
-		return bulk.Load() >= min(n/20, 2000), nil
-	}); err != nil {
-		return res, fmt.Errorf("backlog not draining (%d started): %w", bulk.Load(), err)
+	if err := waitUntil(ctx, u.readyWithin, cmp.Or(u.readyEvery, time.Millisecond), u.ready); err != nil {
+		return res, fmt.Errorf("%s (%d started): %w", u.readyWhat, bulk.Load(), err)
 	}
 
 	sent := make([]time.Time, manual)
 	bulk0, t0 := bulk.Load(), time.Now()
 	for i := range manual {
 		sent[i] = time.Now()
-		if err := submit("m" + strconv.Itoa(i)); err != nil {
+		if err := submit(u.prefix + strconv.Itoa(i)); err != nil {
 			return res, err
 		}
 		time.Sleep(time.Duration(5000+rand.IntN(5001)) * time.Microsecond)
@@ -172,15 +196,15 @@ func (b *bench) manualUnderBacklog(bulk *atomic.Int64, ch <-chan started, submit
 		case s := <-ch:
 			at[s.id] = s.at
 		case <-timeout:
-			return res, fmt.Errorf("%d of %d manual requests started within a minute", len(at), manual)
+			return res, fmt.Errorf("%d of %d requests started within a minute", len(at), manual)
 		case <-ctx.Done():
 			return res, ctx.Err()
 		}
 	}
 	for i := range manual {
-		start, ok := at["m"+strconv.Itoa(i)]
+		start, ok := at[u.prefix+strconv.Itoa(i)]
 		if !ok {
-			return res, fmt.Errorf("manual request m%d never started", i)
+			return res, fmt.Errorf("request %s%d never started", u.prefix, i)
 		}
 		res.latencies = append(res.latencies, start.Sub(sent[i]))
 	}

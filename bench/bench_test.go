@@ -30,7 +30,7 @@ func TestQuickSuite(t *testing.T) {
 		t.Skip("redis-server not on PATH (set TASKLEASE_REQUIRE_REDIS=1 to make this fatal)")
 	}
 	if testing.Short() {
-		t.Skip("the quick suite takes ~20s; skipped with -short")
+		t.Skip("the quick suite takes ~40s; skipped with -short")
 	}
 	var stdout, stderr bytes.Buffer
 	start := time.Now()
@@ -44,7 +44,9 @@ func TestQuickSuite(t *testing.T) {
 		t.Fatalf("output is not one JSON object: %v\n%s", err, stdout.String())
 	}
 	for _, k := range append(slices.Clone(requiredKeys), "fanout_leader_rss_mb", "asynq_manual_under_backlog_p99_ms",
-		"asynq_pickup_p50_ms", "asynq_bytes_per_finished_key", "submit_hot_per_s", "asynq_submit_hot_per_s") {
+		"asynq_pickup_p50_ms", "asynq_bytes_per_finished_key", "submit_hot_per_s", "asynq_submit_hot_per_s",
+		"e2e_1stage_limited_per_s", "e2e_1stage_limited_baseline_per_s", "e2e_1stage_limited_redis_calls_per_run",
+		"round_trips_per_1stage_limited_run", "limiter_fairness_p50_ms", "rate_most_in_1s") {
 		v, ok := got[k]
 		if !ok {
 			t.Errorf("JSON has no %q", k)

@@ -33,6 +33,7 @@ type e2eResult struct {
 	bytesPerKey float64 // MEMORY USAGE of every key ÷ runs (e2e_1stage only)
 	bytesByKind map[string]int64
 	commands    map[string]cmdStat // per-command deltas over the window
+	fcalls      map[string]int64   // FCALLs sent by function over the window (--commands, tasklease)
 }
 
 // e2e: N distinct no-op runs submitted by 50 goroutines to an idle runner
@@ -47,7 +48,7 @@ type e2eResult struct {
 func (b *bench) e2e(rep, stages int) error {
 	name := fmt.Sprintf("e2e_%dstage", stages)
 	oneStage := stages == 1 // also: bytes per key, asynq with its default polling
-	tl, err := b.e2eTasklease(name, rep, stages, oneStage)
+	tl, err := b.e2eTasklease(name, rep, tlVariant{stages: stages, withBytes: oneStage})
 	if err != nil {
 		return fmt.Errorf("tasklease: %w", err)
 	}
@@ -58,6 +59,7 @@ func (b *bench) e2e(rep, stages int) error {
 	b.rep.add2(name+"_per_s", tl.rate, as.rate)
 	if b.commands {
 		b.progress("%s rep %d: tasklease per run: %s", name, rep, formatCommands(tl.commands, b.sz.E2ERuns))
+		b.progress("%s rep %d: tasklease FCALLs per run: %s", name, rep, formatFcalls(tl.fcalls, b.sz.E2ERuns))
 		b.progress("%s rep %d: asynq per run: %s", name, rep, formatCommands(as.commands, b.sz.E2ERuns))
 	}
 	b.progress("%s rep %d: tasklease %.0f runs/s (redis %.1f µs of which sys %.1f, %.1f calls, %.2f round trips per run), asynq %.0f runs/s (redis %.1f µs of which sys %.1f, %.1f calls, %.2f round trips per run)",
@@ -96,6 +98,7 @@ type meter struct {
 	srv    serverSnapshot
 	proc   time.Duration
 	trips0 int64
+	fns0   map[string]int64
 	start  time.Time
 }
 
@@ -120,13 +123,22 @@ func (b *bench) startMeter(trips *tripCounter) (*meter, error) {
 			return nil, err
 		}
 	}
-	return &meter{b: b, trips: trips, srv: snap, proc: processCPU(), trips0: trips.trips.Load(), start: time.Now()}, nil
+	return &meter{b: b, trips: trips, srv: snap, proc: processCPU(), trips0: trips.trips.Load(), fns0: trips.fcalls(), start: time.Now()}, nil
 }
 
 // stop ends the window: the rate and the per-run figures for n runs.
 func (m *meter) stop(n int) (e2eResult, error) {
 	elapsed := time.Since(m.start)
 	trips := m.trips.trips.Load() - m.trips0
+	var fcalls map[string]int64
+	if fns := m.trips.fcalls(); fns != nil {
+		fcalls = map[string]int64{}
+		for k, v := range fns {
+			if d := v - m.fns0[k]; d > 0 {
+				fcalls[k] = d
+			}
+		}
+	}
 	proc := processCPU() - m.proc
 	var instr int64
 	if m.b.srv.callgrind {
@@ -149,6 +161,7 @@ func (m *meter) stop(n int) (e2eResult, error) {
 		roundTrips: float64(trips) / per,
 		benchCPUus: float64(proc.Microseconds()) / per,
 		commands:   commandDeltas(m.srv.byCmd, snap.byCmd),
+		fcalls:     fcalls,
 	}, nil
 }
 
@@ -161,13 +174,31 @@ func processCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-func (b *bench) e2eTasklease(name string, rep, stages int, withBytes bool) (e2eResult, error) {
+// tlVariant is what one tasklease end-to-end window varies: e2e_1stage,
+// e2e_2stage and e2e_1stage_limited are the same measurement.
+type tlVariant struct {
+	stages    int
+	withBytes bool                   // also: bytes per finished key
+	config    func(cfg *jobs.Config) // nil, or changes the Registry's configuration (limiters)
+	observe   func(run *jobs.Run)    // nil, or called by the last stage of every run
+}
+
+func (b *bench) e2eTasklease(name string, rep int, v tlVariant) (e2eResult, error) {
 	n := b.sz.E2ERuns
 	if err := b.reset(); err != nil {
 		return e2eResult{}, err
 	}
 	var handled atomic.Int64
-	tl, err := b.newTasklease(stageHandlers(stages, func(context.Context, *jobs.Run) { handled.Add(1) }))
+	var opts []func(*jobs.Config)
+	if v.config != nil {
+		opts = append(opts, v.config)
+	}
+	tl, err := b.newTasklease(stageHandlers(v.stages, func(_ context.Context, run *jobs.Run) {
+		if v.observe != nil {
+			v.observe(run)
+		}
+		handled.Add(1)
+	}), opts...)
 	if err != nil {
 		return e2eResult{}, err
 	}
@@ -220,7 +251,7 @@ func (b *bench) e2eTasklease(name string, rep, stages int, withBytes bool) (e2eR
 	}
 	b.check(fmt.Sprintf("%s rep %d tasklease: runs done in Redis", name, rep), done, int64(n))
 	b.check(fmt.Sprintf("%s rep %d tasklease: handler calls", name, rep), handled.Load(), int64(n))
-	if withBytes {
+	if v.withBytes {
 		bytes, byKind, err := memoryOfAllKeys(ctx, b.admin)
 		if err != nil {
 			return res, err
@@ -331,6 +362,22 @@ func formatCommands(cmds map[string]cmdStat, runs int) string {
 			sb.WriteString(", ")
 		}
 		fmt.Fprintf(&sb, "%s %.2f× %.1fµs", k, float64(cmds[k].calls)/per, float64(cmds[k].usec)/per)
+	}
+	return sb.String()
+}
+
+// formatFcalls lists the FCALLs a client sent by function, most first, as
+// calls per run.
+func formatFcalls(fns map[string]int64, runs int) string {
+	names := slices.SortedFunc(maps.Keys(fns), func(a, b string) int {
+		return cmp.Or(cmp.Compare(fns[b], fns[a]), cmp.Compare(a, b))
+	})
+	var sb strings.Builder
+	for i, k := range names {
+		if i > 0 {
+			sb.WriteString(", ")
+		}
+		fmt.Fprintf(&sb, "%s %.3f", k, float64(fns[k])/float64(runs))
 	}
 	return sb.String()
 }

@@ -42,6 +42,27 @@
 //     handler-start p99. asynq: the backlog in "default", the manual tasks
 //     in "critical", StrictPriority.
 //
+// Limiters (tasklease only: asynq has no limiter, so these rows have no
+// asynq column and no ratio to it):
+//
+//   - e2e_1stage_limited: e2e_1stage (the same runs, submitters and runner
+//     of concurrency 50) with the job holding a named limiter of
+//     concurrency 50, the runner's own, so the limit never binds: runs/s,
+//     Redis commands and client round trips per run. Each repetition also
+//     measures tasklease's plain e2e_1stage (alternately before and after)
+//     and the goal is the ratio of the two within the repetition.
+//     Checked: every run held exactly one slot of the limiter.
+//   - limiter_fairness_p99_ms: a job with its own limiter of concurrency
+//     10 and fair share by subject prefix, a ~5 ms stage (a sleep); tenant
+//     A's 100,000 schedule runs (SubmitMany) wait in the limiter (its
+//     waiting runs plus those started make the backlog), then tenant B's
+//     100 runs, from the same source, arrive 5–10 ms apart: their Submit →
+//     handler-start p50/p99. Fails if A's backlog ran dry first.
+//   - rate_accuracy: a named limiter of rate 500/s, burst 10, saturated
+//     for 10 s by a larger backlog of no-op runs: the handler starts
+//     within 10 s from the first, less the burst, ÷ 500 × 10 (the goal
+//     compared to 2 decimals). Also the most handler starts in any second.
+//
 // Targets are evaluated and printed; the exit status is 0 whether or not
 // they are met, 1 when a count check or a measurement failed, 2 when the
 // bench could not start (bad flags, no redis-server).
@@ -83,16 +104,21 @@ type sizes struct {
 	FanoutSubjects int `json:"fanout_subjects"`
 	Backlog        int `json:"backlog"`
 	BacklogManual  int `json:"backlog_manual"`
+	FairBacklog    int `json:"fair_backlog"`  // tenant A's runs waiting for the limiter
+	FairRequests   int `json:"fair_requests"` // tenant B's runs
+	RateSeconds    int `json:"rate_seconds"`  // how long the rate limiter is saturated
 }
 
 var fullSizes = sizes{
 	HotKeys: 1_000, HotRequests: 200_000, NewRequests: 100_000, E2ERuns: 20_000,
 	PickupSamples: 200, FanoutSubjects: 1_000_000, Backlog: 100_000, BacklogManual: 100,
+	FairBacklog: 100_000, FairRequests: 100, RateSeconds: 10,
 }
 
 var quickSizes = sizes{
 	HotKeys: 50, HotRequests: 10_000, NewRequests: 5_000, E2ERuns: 1_000,
 	PickupSamples: 10, FanoutSubjects: 50_000, Backlog: 25_000, BacklogManual: 20,
+	FairBacklog: 5_000, FairRequests: 20, RateSeconds: 2,
 }
 
 // measure is one family of measurements; run measures both systems once
@@ -110,6 +136,9 @@ var measures = []measure{
 	{"pickup", (*bench).pickup},
 	{"fanout", (*bench).fanout},
 	{"backlog", (*bench).backlog},
+	{"e2e_1stage_limited", (*bench).e2eLimited},
+	{"limiter_fairness_p99_ms", (*bench).limiterFairness},
+	{"rate_accuracy", (*bench).rateAccuracy},
 }
 
 // bench is the state shared by the measurements of one run.
@@ -138,7 +167,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	only := fs.String("only", "", "comma-separated measurements to run: "+measureNames())
 	jsonFile := fs.String("json-out", "", "also write the JSON object to this file")
 	callgrind := fs.Bool("callgrind", false, "run Redis under valgrind's callgrind and report the instructions it executes per run/request (deterministic; rates are meaningless then, use with --quick)")
-	commands := fs.Bool("commands", false, "print the Redis commands per run of every end-to-end window (INFO commandstats: calls and µs per run, by command)")
+	commands := fs.Bool("commands", false, "print the Redis commands per run of every end-to-end window (INFO commandstats: calls and µs per run, by command; tasklease: FCALLs per run by function)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the bench process (both systems' clients and servers) to this file")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: go run . [--json] [--json-out FILE] [--reps N] [--quick] [--only name,name] [--cpuprofile FILE] [--callgrind] [--commands]\n\n")

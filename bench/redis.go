@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -222,6 +223,9 @@ func newClient(addr string, hooks ...redis.Hook) *redis.Client {
 type tripCounter struct {
 	trips atomic.Int64
 	cmds  atomic.Int64
+	// fns, when set (--commands), counts the FCALLs sent by function name
+	// (name → *atomic.Int64): INFO commandstats has one line for them all.
+	fns *sync.Map
 }
 
 func (c *tripCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -230,6 +234,9 @@ func (c *tripCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		c.trips.Add(1)
 		c.cmds.Add(1)
+		if c.fns != nil {
+			c.countFcall(cmd)
+		}
 		return next(ctx, cmd)
 	}
 }
@@ -238,8 +245,40 @@ func (c *tripCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		c.trips.Add(1)
 		c.cmds.Add(int64(len(cmds)))
+		if c.fns != nil {
+			for _, cmd := range cmds {
+				c.countFcall(cmd)
+			}
+		}
 		return next(ctx, cmds)
 	}
+}
+
+func (c *tripCounter) countFcall(cmd redis.Cmder) {
+	args := cmd.Args()
+	if len(args) < 2 || cmd.Name() != "fcall" {
+		return
+	}
+	fn, _ := args[1].(string)
+	n, ok := c.fns.Load(fn)
+	if !ok {
+		n, _ = c.fns.LoadOrStore(fn, new(atomic.Int64))
+	}
+	n.(*atomic.Int64).Add(1)
+}
+
+// fcalls returns the FCALLs counted so far by function (nil unless
+// counting).
+func (c *tripCounter) fcalls() map[string]int64 {
+	if c.fns == nil {
+		return nil
+	}
+	out := map[string]int64{}
+	c.fns.Range(func(k, v any) bool {
+		out[k.(string)] = v.(*atomic.Int64).Load()
+		return true
+	})
+	return out
 }
 
 // info returns the fields of one INFO section.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -48,11 +49,18 @@ type tlSide struct {
 }
 
 // newTasklease returns a Registry with one job of scope sync with the given
-// stages.
-func (b *bench) newTasklease(stages []jobs.Stage) (*tlSide, error) {
+// stages; each of opts may change the configuration first (the limiter
+// measurements give the job limiters: cfg.Jobs[0] is the job).
+func (b *bench) newTasklease(stages []jobs.Stage, opts ...func(cfg *jobs.Config)) (*tlSide, error) {
 	t := &tlSide{trips: &tripCounter{}}
+	if b.commands {
+		t.trips.fns = &sync.Map{}
+	}
 	t.rdb = newClient(b.addr, t.trips)
 	cfg := jobs.Config{Logger: discard, Jobs: []jobs.Job{{Scope: scope, Stages: stages}}}
+	for _, o := range opts {
+		o(&cfg)
+	}
 	var err error
 	if t.reg, err = jobs.NewRegistry(t.rdb, cfg); err != nil {
 		t.rdb.Close()
