@@ -163,12 +163,6 @@ func (r *Runner) execute(lr *localRun, c claimResult, readNext bool) (next []nex
 	for _, g := range c.slots {
 		keeperTTL = min(keeperTTL, r.slotTTL(g.lim))
 	}
-	if len(c.slots) > 0 {
-		readNext = false // a slot it frees goes to a waiting run (releaseGrants)
-		defer func() {
-			reserved = r.endLimited(c.slots, e.id, result, stageErr)
-		}()
-	}
 	keeper, err := leasing.NewKeeper(runCtx, lease.GrantedAt, leasing.KeeperConfig{TTL: keeperTTL,
 		Renew: func(ctx context.Context) error {
 			hb := &scriptCall{script: r.reg.scripts.heartbeat, keys: []string{ks.Lease(k), ks.Task(k), ks.Taken(p)},
@@ -265,9 +259,16 @@ func (r *Runner) execute(lr *localRun, c claimResult, readNext bool) (next []nex
 		result = "lease-lost"
 		m.leaseLosses.WithLabelValues(k.Scope()).Inc()
 		log.Warn("lease lost; stopped without writing", slog.String("stage", run.stage), slog.Any("error", keeper.Err()))
-		return nil, nil
+		return nil, r.releaseGrants(context.Background(), c.slots, e.id, 1, false, 0)
 	}
-	return r.finish(job, e, lease, result, completed, stageErr, c.attempt, readNext, log), nil
+	if len(c.slots) == 0 {
+		return r.finish(job, e, lease, result, completed, stageErr, c.attempt, readNext, log), nil
+	}
+	// A limited run gives its slots back in the finish's round trip.
+	rel := r.endCalls(c.slots, e.id, result, stageErr)
+	sent := time.Now()
+	next = r.finish(job, e, lease, result, completed, stageErr, c.attempt, readNext, log, rel...)
+	return next, r.released(c.slots, rel, sent)
 }
 
 func (j *Job) stage(name string) *Stage {

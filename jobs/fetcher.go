@@ -73,7 +73,7 @@ func (r *Runner) confArgs() (read string, finish map[string]string) {
 		fields = append(fields, scope)
 		fields = append(fields, def(scope)...)
 		fields = append(fields, limitedFlag(scope))
-		finish[scope] = strings.Join(append(slices.Clone(common), def(scope)...), histSep)
+		finish[scope] = strings.Join(append(append(slices.Clone(common), def(scope)...), limitedFlag(scope)), histSep)
 	}
 	return strings.Join(fields, histSep), finish
 }

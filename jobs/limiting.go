@@ -326,6 +326,19 @@ func (r *Runner) releaseGrants(ctx context.Context, grants []slotGrant, id strin
 	if len(grants) == 0 {
 		return nil
 	}
+	calls := r.releaseCalls(grants, id, pop, refund, hold)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseTTL)
+	defer cancel()
+	sent := time.Now()
+	if err := evalGrouped(ctx, r.reg.gc, calls); err != nil {
+		r.log.Warn("limiter release failed; the slots expire with their TTL", slog.Any("error", err))
+	}
+	return r.released(grants, calls, sent)
+}
+
+// releaseCalls are the limiter_release.lua calls that give back grants
+// (releaseGrants); the first pumps for pop runner slots.
+func (r *Runner) releaseCalls(grants []slotGrant, id string, pop int, refund bool, hold time.Duration) []*scriptCall {
 	calls := make([]*scriptCall, len(grants))
 	for i, g := range grants {
 		h := int64(0)
@@ -339,15 +352,17 @@ func (r *Runner) releaseGrants(ctx context.Context, grants []slotGrant, id strin
 		calls[i] = &scriptCall{script: r.reg.scripts.limiterRelease, keys: []string{g.lim.key},
 			args: []any{g.lim.conf, r.owner, r.slotTTL(g.lim).Milliseconds(), n, h, boolFlag(refund), g.slot, g.token, id}}
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseTTL)
-	defer cancel()
-	sent := time.Now()
-	if err := evalGrouped(ctx, r.reg.gc, calls); err != nil {
-		r.log.Warn("limiter release failed; the slots expire with their TTL", slog.Any("error", err))
-		return nil
-	}
+	return calls
+}
+
+// released decodes the replies of releaseCalls sent at sent: the waiting
+// runs reserved for this runner.
+func (r *Runner) released(grants []slotGrant, calls []*scriptCall, sent time.Time) []*admission {
 	var more []*admission
 	for i, c := range calls {
+		if c.cmd == nil {
+			continue
+		}
 		res, err := c.cmd.Slice()
 		if err != nil || len(res) != 3 {
 			continue
@@ -377,11 +392,11 @@ func (r *Runner) abandon(work []*admission, slots int) {
 	r.release(slots)
 }
 
-// endLimited gives back a finished run's slots. A retry-after holds the
-// limiters that hold on one; unless the runner is stopping, the first
-// freed slot is reserved for the best waiting run, which this runner's
-// slot runs next.
-func (r *Runner) endLimited(grants []slotGrant, id, result string, stageErr error) []*admission {
+// endCalls are the calls that give back a finished run's slots, sent with
+// its finish. A retry-after holds the limiters that hold on one; unless
+// the runner is stopping, the first freed slot is reserved for the best
+// waiting run, which this runner's slot runs next.
+func (r *Runner) endCalls(grants []slotGrant, id, result string, stageErr error) []*scriptCall {
 	hold := time.Duration(0)
 	if ra, ok := retryAfterOf(stageErr); ok && result == resultDefer {
 		hold = ra.Delay
@@ -390,7 +405,7 @@ func (r *Runner) endLimited(grants []slotGrant, id, result string, stageErr erro
 	if r.taking() && result != resultHandback {
 		pop = 1
 	}
-	return r.releaseGrants(context.Background(), grants, id, pop, false, hold)
+	return r.releaseCalls(grants, id, pop, false, hold)
 }
 
 // giveBack releases admissions whose limiter call failed: their starts

@@ -15,7 +15,9 @@
 --          idle (ms: entries read here become reclaimable that long from
 --          now), history cap, retention (ms), the job's stages here
 --          (comma list) and maxAttempts (the definition a follow-up run
---          takes), the job's lease TTL (ms, for the claim of the entry taken)
+--          takes), the job's lease TTL (ms, for the claim of the entry taken),
+--          and 'L' when the job has limiters: the entry taken is not claimed
+--          here (its limiters admit it first, jobs.admitAndStart)
 -- ARGV[2] token   ARGV[3] runId
 -- ARGV[4] result: done | failed | cancelled | retry | defer | handback
 --          (defer: the stage asked to run again later, jobs.RetryAfter —
@@ -177,7 +179,7 @@ if n > 0 then
   if n == 1 and #out == 3 then
     local e = out[3]
     local run_id, next_key, scope, source = entry_parts(e)
-    if run_id and scope == ssub(key, sfind(key, '|', 1, true) + 1) then
+    if run_id and scope == ssub(key, sfind(key, '|', 1, true) + 1) and cf[8] ~= 'L' then
       local c = {owner = owner, cap = cap, events = events, watch = watch, watched = pw.watched,
         retention = retention, q = queue, parked = part.parked, paused = paused, now = now, now_us = now_us}
       out[4] = claim_in_slot(c, tag, e, run_id, next_key, source, ttl, '', def_stages, def_max)

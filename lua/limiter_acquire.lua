@@ -19,13 +19,15 @@
 --   'held' (holdOnRetryAfter) or 'turn' (others wait first), at when to
 --   look again (ms)
 --   reserved: {member, slot, token} for each waiting member given a slot
--- Cost of an admitted start: HMGET, TIME, HLEN, ZRANGE, HINCRBY, ZADD,
--- HSET (and HSET of the rate's time when it has one).
+-- Cost of an admitted start: HMGET, TIME, ZRANGE, ZADD, HSET of the
+-- holder, HSET of the token (and rate); a member that waits: HSETNX,
+-- HSET of the count, HINCRBY of the order, ZADD (and, a group's first,
+-- ZCARD and RPUSH).
 local l = lim_open(KEYS[1], ARGV[1], ARGV[3])
 local owner = ARGV[2]
 local res = {}
 local free = 0
-local waiting = rcall('HLEN', l.wmeta)
+local waiting = l.waiting
 for j = 4, #ARGV, 3 do
   local member, lane, group = ARGV[j], ARGV[j + 1], ARGV[j + 2]
   local i, why, at = nil, 'turn', l.now
@@ -38,7 +40,7 @@ for j = 4, #ARGV, 3 do
       if w2 then why, at = w2, at2 end
     end
     lim_wait(l, member, lane, group, false)
-    waiting = waiting + 1
+    waiting = l.waiting
     free = free + 1
     res[#res + 1] = {'w', why, tostring(at)}
   end

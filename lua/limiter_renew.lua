@@ -1,7 +1,8 @@
 -- limiter_renew: a run's heartbeat renews the slots it holds of one
--- limiter (lib/limiters.lua) to now + ttl, with its lease. A slot whose
--- expiry passed, or that is now someone else's, is not renewed: the run
--- stops as on a lost lease, since another run may hold it.
+-- limiter (lib/limiters.lua) to now + ttl, with its lease. A slot that is
+-- now someone else's is not renewed: the run stops as on a lost lease.
+-- (One that expired but nobody took is renewed: lim_slot_of.)
+-- Cost: TIME, HGET, ZADD (and HSET the first time, for a reserved slot).
 -- KEYS[1] the limiter's hash   ARGV[1] slot ttl (ms)   ARGV[2] owner
 -- then per slot 3 values: slot number, token, member
 -- returns 1 when every slot was renewed, else 0

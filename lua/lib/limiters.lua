@@ -3,8 +3,8 @@
 -- tag, "{<prefix>:limiter:<name>}", so on Redis Cluster a limiter lives in
 -- a slot of its own; every key is derived from KEYS[1], the limiter's hash:
 --   <L>          hash: n (slots made), token (slot fencing counter), seq
---                (waiting order), tat (GCRA theoretical arrival, ms),
---                holdUntil (ms)
+--                (waiting order), waiting (count of <L>:wmeta), tat (GCRA
+--                theoretical arrival, ms), holdUntil (ms)
 --   <L>:slots    sorted set: slot number → expiry (ms; 0 = never used or
 --                released). A slot is free when its expiry is past, so a
 --                dead holder's slot frees itself.
@@ -32,9 +32,11 @@ local function lim_open(base, conf, ttl)
     burst = tonum(cf[3]) or 1, ttl = tonum(ttl) or 0}
   if l.burst < 1 then l.burst = 1 end
   l.now = tonum(now_ms())
-  local h = rcall('HMGET', base, 'n', 'tat', 'holdUntil')
+  local h = rcall('HMGET', base, 'n', 'tat', 'holdUntil', 'token', 'waiting')
   l.tat = tonum(h[2]) or 0
   l.hold = tonum(h[3]) or 0
+  l.token = tonum(h[4]) or 0
+  l.waiting = tonum(h[5]) or 0
   local made = tonum(h[1]) or 0
   if made ~= l.conc then
     for i = 0, l.conc - 1 do rcall('ZADD', l.slots, 'NX', 0, i) end
@@ -73,6 +75,8 @@ end
 -- expired unclaimed).
 local function lim_wait(l, member, lane, group, front)
   if rcall('HSETNX', l.wmeta, member, lane .. LUS .. group) == 0 then return end
+  l.waiting = l.waiting + 1
+  rcall('HSET', l.base, 'waiting', l.waiting)
   local score = 0
   if not front then score = rcall('HINCRBY', l.base, 'seq', 1) end
   if lane == 'p' then
@@ -128,12 +132,16 @@ local function lim_blocked(l)
 end
 
 -- lim_take gives slot i to member for owner, charges the rate and returns
--- the slot's new fencing token.
+-- the slot's new fencing token (the counter and the rate's time in one
+-- HSET: the script reads and writes them atomically).
 local function lim_take(l, i, member, owner, state, lane, group)
-  local token = rcall('HINCRBY', l.base, 'token', 1)
+  l.token = l.token + 1
+  local token = tok_str(l.token)
   if l.interval > 0 then
     l.tat = math.max(l.tat, l.now) + l.interval
-    rcall('HSET', l.base, 'tat', string.format('%.3f', l.tat))
+    rcall('HSET', l.base, 'token', token, 'tat', string.format('%.3f', l.tat))
+  else
+    rcall('HSET', l.base, 'token', token)
   end
   if tonum(i) >= 0 then
     rcall('ZADD', l.slots, l.now + l.ttl, i)
@@ -145,10 +153,16 @@ end
 -- lim_pop removes the best waiting member — people first, then the groups
 -- in turn, oldest first within one — and returns it with its lane and
 -- group, or nil.
+local function lim_popped(l, member)
+  rcall('HDEL', l.wmeta, member)
+  l.waiting = l.waiting - 1
+  rcall('HSET', l.base, 'waiting', l.waiting)
+end
+
 local function lim_pop(l)
   local p = rcall('ZPOPMIN', l.wp)
   if #p > 0 then
-    rcall('HDEL', l.wmeta, p[1])
+    lim_popped(l, p[1])
     return p[1], 'p', ''
   end
   while true do
@@ -158,7 +172,7 @@ local function lim_pop(l)
     local m = rcall('ZPOPMIN', q)
     if #m > 0 then
       if rcall('ZCARD', q) > 0 then rcall('RPUSH', l.groups, g) end
-      rcall('HDEL', l.wmeta, m[1])
+      lim_popped(l, m[1])
       return m[1], 'b', g
     end
   end
@@ -169,24 +183,29 @@ end
 -- (0: nothing waits) and how many still wait.
 local function lim_pump(l, owner, n, out)
   while true do
-    if rcall('HLEN', l.wmeta) == 0 then return 0, 0 end
+    if l.waiting <= 0 then return 0, 0 end
     local i, _, at = lim_blocked(l)
-    if not i then return at, rcall('HLEN', l.wmeta) end
-    if n <= 0 then return l.now, rcall('HLEN', l.wmeta) end
+    if not i then return at, l.waiting end
+    if n <= 0 then return l.now, l.waiting end
     local m, lane, group = lim_pop(l)
-    if not m then return 0, 0 end
+    if not m then -- the count was off (a flushed set): it is what is left
+      l.waiting = rcall('HLEN', l.wmeta)
+      rcall('HSET', l.base, 'waiting', l.waiting)
+      return 0, l.waiting
+    end
     out[#out + 1] = {m, tonum(i), lim_take(l, i, m, owner, 'r', lane, group)}
     n = n - 1
   end
 end
 
--- lim_slot_of returns the slot member holds for owner (state 'h' or 'r')
--- and its token, if its expiry is not past.
+-- lim_slot_of returns slot i's holder fields when member holds it for
+-- owner with token (state 'h' or 'r'). Its expiry is not asked: a slot
+-- that expired is only ever taken by overwriting its holder (lim_take), so
+-- while the holder is unchanged nobody else executed under it, and
+-- renewing or releasing it is safe.
 local function lim_slot_of(l, i, member, owner, token)
   local h = lim_holder(l, i)
   if not h or h[6] ~= member or h[1] ~= owner or h[2] ~= token then return nil end
-  local exp = tonum(rcall('ZSCORE', l.slots, i))
-  if not exp or exp <= l.now then return nil end
   return h
 end
 
