@@ -57,11 +57,19 @@ func (r *Runner) start(lr *localRun, c claimResult) {
 	go func() {
 		defer r.wg.Done()
 		for n := 1; lr != nil; n++ {
-			next, reserved := r.execute(lr, c, n < chainMax)
+			next, carry := r.execute(lr, c, n < chainMax)
 			lr.end()
 			var limited []*admission
 			lr, c, limited = r.claimNext(next)
-			limited = append(reserved, limited...)
+			switch {
+			case carry == nil:
+			case lr == nil && len(limited) > 0:
+				limited[0].carry = carry // handed over in its acquire call
+			case lr == nil && r.taking(): // this goroutine's slot goes to the best waiting run, if any
+				limited = r.giveBackCarried(carry, 1)
+			default:
+				r.giveBackCarried(carry, 0)
+			}
 			if len(limited) == 0 {
 				continue
 			}
@@ -132,9 +140,9 @@ func (r *Runner) claimNext(next []nextEntry) (*localRun, claimResult, []*admissi
 
 // execute runs a granted attempt under lr.ctx (cancelled on a registry
 // cancel) and finishes it; with readNext it returns the entries the finish
-// took for this goroutine's slot, and for a limited run the waiting runs
-// its limiters reserved for this runner when it gave its slots back.
-func (r *Runner) execute(lr *localRun, c claimResult, readNext bool) (next []nextEntry, reserved []*admission) {
+// took for this goroutine's slot, and for a limited run the slots it
+// holds, to be given back by the caller (with the next run's acquire).
+func (r *Runner) execute(lr *localRun, c claimResult, readNext bool) (next []nextEntry, carry *carried) {
 	e, runCtx, cancelRun := lr.e, lr.ctx, lr.cancel
 	k, p, runID, source := e.key, e.p, e.runID, Source(e.source)
 	job := r.reg.jobs[k.Scope()]
@@ -259,16 +267,10 @@ func (r *Runner) execute(lr *localRun, c claimResult, readNext bool) (next []nex
 		result = "lease-lost"
 		m.leaseLosses.WithLabelValues(k.Scope()).Inc()
 		log.Warn("lease lost; stopped without writing", slog.String("stage", run.stage), slog.Any("error", keeper.Err()))
-		return nil, r.releaseGrants(context.Background(), c.slots, e.id, 1, false, 0)
+		return nil, carriedOf(c.slots, e.id, result, nil)
 	}
-	if len(c.slots) == 0 {
-		return r.finish(job, e, lease, result, completed, stageErr, c.attempt, readNext, log), nil
-	}
-	// A limited run gives its slots back in the finish's round trip.
-	rel := r.endCalls(c.slots, e.id, result, stageErr)
-	sent := time.Now()
-	next = r.finish(job, e, lease, result, completed, stageErr, c.attempt, readNext, log, rel...)
-	return next, r.released(c.slots, rel, sent)
+	next = r.finish(job, e, lease, result, completed, stageErr, c.attempt, readNext, log)
+	return next, carriedOf(c.slots, e.id, result, stageErr)
 }
 
 func (j *Job) stage(name string) *Stage {

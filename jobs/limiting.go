@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"slices"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -60,6 +61,36 @@ type admission struct {
 	grants []slotGrant
 	sent   time.Time // the earliest limiter call: its slots count from here
 	group  string
+	// carry: the slots of the run that finished in this admission's runner
+	// slot, given back in its acquire call (one call for both).
+	carry *carried
+}
+
+// carried are the slots of a run that finished on this runner, not yet
+// given back.
+type carried struct {
+	grants []slotGrant
+	id     string        // the finished run's entry: the slots' member
+	hold   time.Duration // a retry-after: the limiters that hold on one hold their starts
+}
+
+// take removes and returns the grant of d.
+func (c *carried) take(d *limiterDef) (slotGrant, bool) {
+	for i, g := range c.grants {
+		if g.lim == d {
+			c.grants = append(c.grants[:i], c.grants[i+1:]...)
+			return g, true
+		}
+	}
+	return slotGrant{}, false
+}
+
+// holdFor is the hold a release of d carries.
+func (c *carried) holdFor(d *limiterDef) int64 {
+	if d.hold {
+		return c.hold.Milliseconds()
+	}
+	return 0
 }
 
 func (a *admission) holds(d *limiterDef) bool {
@@ -133,6 +164,7 @@ func (r *Runner) readGroups(ctx context.Context, work []*admission) {
 // (ready) or waits (its runner slot goes to a waiting run the limiter
 // reserved for this runner, which joins the admissions, or is released).
 func (r *Runner) acquireAll(ctx context.Context, work []*admission) (ready []*admission) {
+	defer r.releaseCarried(ctx, work)
 	pending := work
 	for len(pending) > 0 {
 		byLim := map[*limiterDef][]*admission{}
@@ -154,7 +186,17 @@ func (r *Runner) acquireAll(ctx context.Context, work []*admission) (ready []*ad
 		}
 		calls := make([]*scriptCall, len(order))
 		for i, d := range order {
-			args := []any{d.conf, r.owner, r.slotTTL(d).Milliseconds()}
+			hold, rel := int64(0), []any(nil)
+			for _, a := range byLim[d] {
+				if a.carry == nil {
+					continue
+				}
+				if g, ok := a.carry.take(d); ok {
+					hold = max(hold, a.carry.holdFor(d))
+					rel = append(rel, g.slot, g.token, a.carry.id)
+				}
+			}
+			args := append([]any{d.conf, r.owner, r.slotTTL(d).Milliseconds(), hold, len(rel) / 3}, rel...)
 			for _, a := range byLim[d] {
 				args = append(args, a.e.id, a.e.lane.Letter(), a.group)
 			}
@@ -201,6 +243,17 @@ func (r *Runner) acquireAll(ctx context.Context, work []*admission) (ready []*ad
 		}
 	}
 	return ready
+}
+
+// releaseCarried gives back what the admissions carried for limiters
+// their acquire calls did not ask (they wait at an earlier one).
+func (r *Runner) releaseCarried(ctx context.Context, work []*admission) {
+	for _, a := range work {
+		if a.carry != nil && len(a.carry.grants) > 0 {
+			r.releaseGrants(ctx, a.carry.grants, a.carry.id, 0, false, a.carry.hold)
+			a.carry.grants = nil
+		}
+	}
 }
 
 // nextLimiter returns the first of a's job's limiters it does not hold.
@@ -387,25 +440,33 @@ func (r *Runner) abandon(work []*admission, slots int) {
 	for i, a := range work {
 		es[i] = a.e
 		r.releaseGrants(context.Background(), a.grants, a.e.id, 0, true, 0)
+		r.giveBackCarried(a.carry, 0)
 	}
 	r.handBackEntries(context.Background(), es)
 	r.release(slots)
 }
 
-// endCalls are the calls that give back a finished run's slots, sent with
-// its finish. A retry-after holds the limiters that hold on one; unless
-// the runner is stopping, the first freed slot is reserved for the best
-// waiting run, which this runner's slot runs next.
-func (r *Runner) endCalls(grants []slotGrant, id, result string, stageErr error) []*scriptCall {
-	hold := time.Duration(0)
+// carriedOf is what a finished run carries to the next admission in its
+// runner slot: its slots, and the hold of a retry-after.
+func carriedOf(grants []slotGrant, id, result string, stageErr error) *carried {
+	if len(grants) == 0 {
+		return nil
+	}
+	c := &carried{grants: slices.Clone(grants), id: id}
 	if ra, ok := retryAfterOf(stageErr); ok && result == resultDefer {
-		hold = ra.Delay
+		c.hold = ra.Delay
 	}
-	pop := 0
-	if r.taking() && result != resultHandback {
-		pop = 1
+	return c
+}
+
+// giveBack releases what a finished run carried when no admission takes
+// it over; with pop, the first slot freed is reserved for the best waiting
+// run, which takes the caller's runner slot.
+func (r *Runner) giveBackCarried(c *carried, pop int) []*admission {
+	if c == nil {
+		return nil
 	}
-	return r.releaseCalls(grants, id, pop, false, hold)
+	return r.releaseGrants(context.Background(), c.grants, c.id, pop, false, c.hold)
 }
 
 // giveBack releases admissions whose limiter call failed: their starts

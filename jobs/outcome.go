@@ -16,10 +16,7 @@ import (
 // partition for the slot this run frees, people's lane first, and claims it
 // when it is a run of the same job; the caller runs it (or claims it) with
 // the same slot.
-//
-// with are calls sent in the same round trip, after the finish's (a
-// limited run's slot releases); their replies are in their cmd.
-func (r *Runner) finish(job *Job, e entry, lease leasing.Lease, result, completed string, stageErr error, attempt int, readNext bool, log *slog.Logger, with ...*scriptCall) []nextEntry {
+func (r *Runner) finish(job *Job, e entry, lease leasing.Lease, result, completed string, stageErr error, attempt int, readNext bool, log *slog.Logger) []nextEntry {
 	p, runID, entryID := e.p, e.runID, e.id
 	k := lease.Key
 	ks := r.reg.ks
@@ -59,8 +56,7 @@ func (r *Runner) finish(job *Job, e entry, lease leasing.Lease, result, complete
 		fin.args = append(fin.args, followUp)
 	}
 	sent := time.Now() // a claim of the entry taken counts its lease from here
-	_ = evalGrouped(ctx, r.reg.gc, append([]*scriptCall{fin}, with...)) // each call's error is in its cmd
-	res, err := fin.cmd.Slice()
+	res, err := evalOne(ctx, r.reg.gc, fin)
 	if err != nil || len(res) < 2 {
 		log.Warn("finish failed; the run will be recovered when its lease expires", slog.Any("error", err))
 		return nil

@@ -8,10 +8,16 @@
 -- whichever runner frees it or looks next. While members wait, a newcomer
 -- waits behind them. The slots freed by the members that wait here are
 -- used at once for the best waiting members, reserved for owner.
+-- First it gives back the slots of runs that just finished on owner (as
+-- limiter_release.lua does): a runner that runs the next request in the
+-- slot of a finished run hands the slot over in one call.
 -- KEYS[1] the limiter's hash (its other keys are derived: lib/limiters.lua)
 -- ARGV[1] configuration (lib/limiters.lua lim_open)   ARGV[2] owner
--- ARGV[3] slot ttl (ms)   then per member 3 values: the member (a request
---         entry), its lane ('p' people, 'b' bulk), its fair-share group
+-- ARGV[3] slot ttl (ms)   ARGV[4] hold (ms, 0 none: limiter_release.lua)
+-- ARGV[5] R, the slots given back, then 3R values: slot number, token,
+--         member
+-- then per member 3 values: the member (a request entry), its lane ('p'
+-- people, 'b' bulk), its fair-share group
 -- returns {results, reserved, look again in (ms, by Redis
 --   time: a runner's clock may differ; 0 when none waits), waiting}
 --   results: per member {'g', slot, token} admitted (slot -1 without a
@@ -25,10 +31,13 @@
 -- ZCARD and RPUSH).
 local l = lim_open(KEYS[1], ARGV[1], ARGV[3])
 local owner = ARGV[2]
+lim_hold(l, tonum(ARGV[4]))
+local rel_end = 5 + 3 * tonum(ARGV[5])
+for j = 6, rel_end, 3 do lim_release(l, ARGV[j], ARGV[j + 1], ARGV[j + 2], owner, false) end
 local res = {}
 local free = 0
 local waiting = l.waiting
-for j = 4, #ARGV, 3 do
+for j = rel_end + 1, #ARGV, 3 do
   local member, lane, group = ARGV[j], ARGV[j + 1], ARGV[j + 2]
   local i, why, at = nil, 'turn', l.now
   if waiting == 0 then i, why, at = lim_blocked(l) end

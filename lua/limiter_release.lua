@@ -17,20 +17,9 @@
 --   time: a runner's clock may differ; 0 when none waits), waiting}
 local l = lim_open(KEYS[1], ARGV[1], ARGV[3])
 local owner = ARGV[2]
-if tonum(ARGV[5]) > 0 and l.now + tonum(ARGV[5]) > l.hold then
-  l.hold = l.now + tonum(ARGV[5])
-  rcall('HSET', l.base, 'holdUntil', l.hold)
-end
+lim_hold(l, tonum(ARGV[5]))
 for j = 7, #ARGV, 3 do
-  local i, token, member = ARGV[j], ARGV[j + 1], ARGV[j + 2]
-  if tonum(i) >= 0 and lim_slot_of(l, i, member, owner, token) then
-    rcall('ZADD', l.slots, 0, i)
-    rcall('HDEL', l.holders, i)
-  end
-  if ARGV[6] == '1' and l.interval > 0 then
-    l.tat = l.tat - l.interval
-    rcall('HSET', l.base, 'tat', string.format('%.3f', l.tat))
-  end
+  lim_release(l, ARGV[j], ARGV[j + 1], ARGV[j + 2], owner, ARGV[6] == '1')
 end
 local reserved = {}
 local next_at, left = lim_pump(l, owner, tonum(ARGV[4]), reserved)

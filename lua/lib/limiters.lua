@@ -215,3 +215,25 @@ local function lim_in(l, at)
   if at == 0 then return '0' end
   return tostring(math.max(math.floor(at - l.now), 0))
 end
+
+-- lim_hold holds the limiter's starts until now + ms (holdOnRetryAfter).
+local function lim_hold(l, ms)
+  if ms > 0 and l.now + ms > l.hold then
+    l.hold = l.now + ms
+    rcall('HSET', l.base, 'holdUntil', l.hold)
+  end
+end
+
+-- lim_release frees slot i (-1: a rate-only limiter) when member holds it
+-- for owner with token; refund gives back the rate charged for a start
+-- that never ran.
+local function lim_release(l, i, token, member, owner, refund)
+  if tonum(i) >= 0 and lim_slot_of(l, i, member, owner, token) then
+    rcall('ZADD', l.slots, 0, i)
+    rcall('HDEL', l.holders, i)
+  end
+  if refund and l.interval > 0 then
+    l.tat = l.tat - l.interval
+    rcall('HSET', l.base, 'tat', string.format('%.3f', l.tat))
+  end
+end
