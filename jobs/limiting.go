@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"slices"
+	"strconv"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -64,6 +65,51 @@ type admission struct {
 	// carry: the slots of the run that finished in this admission's runner
 	// slot, given back in its acquire call (one call for both).
 	carry *carried
+	// lr: the run registered for cancels before a call that may claim it
+	// (an acquire that claims on a single server)
+	lr *localRun
+}
+
+func (a *admission) endRun() {
+	if a.lr != nil {
+		a.lr.end()
+		a.lr = nil
+	}
+}
+
+// claimSpec asks the acquire of a's only limiter to claim a's run when
+// admitted: on a single Redis server, where the script may reach the
+// run's keys in another slot. "" when not: on Cluster, or for a job with
+// several limiters (each admits it first).
+func (r *Runner) claimSpec(a *admission) string {
+	scope := a.e.key.Scope()
+	if !r.reg.singleNode || len(r.reg.jobLimits[scope]) != 1 || len(a.grants) > 0 {
+		return ""
+	}
+	return r.reg.ks.Tag(a.e.p) + histSep + r.reg.stagesCSV[scope] + histSep +
+		strconv.Itoa(r.reg.jobs[scope].Retry.MaxAttempts) + histSep + strconv.FormatInt(r.leaseTTL(scope).Milliseconds(), 10)
+}
+
+// startClaimed starts a run its acquire admitted and claimed (reply one:
+// 'c', slot, token, the claim's reply), sent at sent.
+func (r *Runner) startClaimed(a *admission, d *limiterDef, one []any, sent time.Time) {
+	g := slotGrant{lim: d, slot: int(toInt(one[1])), token: toInt(one[2])}
+	c, err := r.decodeClaim(one[3], a.e, sent)
+	if err != nil || c.kind != claimGranted || a.lr == nil {
+		// unreadable: the lease expires unused, the entry is reclaimed
+		r.log.Warn("limiter claim unreadable; the run will be reclaimed", slog.String("task_key", a.e.key.String()), slog.Any("error", err))
+		a.endRun()
+		r.releaseGrants(context.Background(), []slotGrant{g}, a.e.id, 0, false, 0)
+		r.release(1)
+		return
+	}
+	c.slots = []slotGrant{g}
+	if !a.sent.IsZero() && a.sent.Before(c.sent) {
+		c.sent = a.sent
+	}
+	lr := a.lr
+	a.lr = nil
+	r.start(lr, c)
 }
 
 // carried are the slots of a run that finished on this runner, not yet
@@ -196,9 +242,13 @@ func (r *Runner) acquireAll(ctx context.Context, work []*admission) (ready []*ad
 					rel = append(rel, g.slot, g.token, a.carry.id)
 				}
 			}
-			args := append([]any{d.conf, r.owner, r.slotTTL(d).Milliseconds(), hold, len(rel) / 3}, rel...)
+			args := append([]any{d.conf, r.owner, r.slotTTL(d).Milliseconds(), hold, r.claimConf, len(rel) / 3}, rel...)
 			for _, a := range byLim[d] {
-				args = append(args, a.e.id, a.e.lane.Letter(), a.group)
+				spec := r.claimSpec(a)
+				if spec != "" && a.lr == nil {
+					a.lr = r.newLocalRun(a.e)
+				}
+				args = append(args, a.e.id, a.e.lane.Letter(), a.group, spec)
 			}
 			calls[i] = &scriptCall{script: r.reg.scripts.limiterAcquire, keys: []string{d.key}, args: args}
 		}
@@ -218,6 +268,18 @@ func (r *Runner) acquireAll(ctx context.Context, work []*admission) (ready []*ad
 			waited := 0
 			for j, a := range as {
 				one, _ := results[j].([]any)
+				switch kind := replyString(one[0]); {
+				case len(one) == 4 && kind == "c": // admitted and claimed (single server)
+					r.startClaimed(a, d, one, sent)
+					continue
+				case len(one) == 2 && kind == "n": // admitted, not granted: the slot is back
+					if c, err := r.decodeClaim(one[1], a.e, sent); err == nil {
+						r.notGranted(a.e, c)
+					}
+					a.endRun()
+					waited++ // its runner slot: free for a reserved run
+					continue
+				}
 				if len(one) == 3 && replyString(one[0]) == "g" {
 					a.grants = append(a.grants, slotGrant{lim: d, slot: int(toInt(one[1])), token: toInt(one[2])})
 					if a.sent.IsZero() {
@@ -230,6 +292,7 @@ func (r *Runner) acquireAll(ctx context.Context, work []*admission) (ready []*ad
 				if len(one) == 3 {
 					why, at = replyString(one[1]), toInt(one[2])
 				}
+				a.endRun()
 				r.wait(ctx, a, d, why, at)
 				waited++
 			}
@@ -439,6 +502,7 @@ func (r *Runner) abandon(work []*admission, slots int) {
 	es := make([]entry, len(work))
 	for i, a := range work {
 		es[i] = a.e
+		a.endRun()
 		r.releaseGrants(context.Background(), a.grants, a.e.id, 0, true, 0)
 		r.giveBackCarried(a.carry, 0)
 	}
@@ -473,6 +537,7 @@ func (r *Runner) giveBackCarried(c *carried, pop int) []*admission {
 // are given back, their entries are reclaimed when due.
 func (r *Runner) giveBack(as []*admission) {
 	for _, a := range as {
+		a.endRun()
 		r.releaseGrants(context.Background(), a.grants, a.e.id, 0, true, 0)
 		r.release(1)
 	}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -152,6 +153,7 @@ type Runner struct {
 	// argument those take for it (lua/lib/base.lua conf_fields), built once.
 	readConf   string
 	finishConf map[string]string
+	claimConf  string // limiter_acquire.lua's ARGV[5]: a claim's history cap and retention
 	log        *slog.Logger
 	slots      chan struct{}
 	execStarts chan struct{} // RunnerConfig.ExecStarts: a token per exec stage being started
@@ -215,6 +217,7 @@ func NewRunner(reg *Registry, cfg RunnerConfig) (*Runner, error) {
 		unmatched: newUnmatchedCancels(longestTTL + cfg.FetchBlock),
 	}
 	r.readConf, r.finishConf = r.confArgs()
+	r.claimConf = strconv.Itoa(reg.histCap) + histSep + strconv.FormatInt(reg.retention.Milliseconds(), 10)
 	return r, nil
 }
 

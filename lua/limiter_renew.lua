@@ -16,7 +16,7 @@ for j = 3, #ARGV, 3 do
   else
     rcall('ZADD', l.slots, 'XX', l.now + tonum(ARGV[1]), i)
     if h[3] == 'r' then -- reserved: the run took it
-      rcall('HSET', l.holders, i, h[1] .. LUS .. h[2] .. LUS .. 'h' .. LUS .. h[4] .. LUS .. h[5] .. LUS .. h[6])
+      rcall('HSET', l.holders, i, h[1] .. US .. h[2] .. US .. 'h' .. US .. h[4] .. US .. h[5] .. US .. h[6])
     end
   end
 end

@@ -21,7 +21,6 @@
 -- lim_conf fields (comma-separated, jobs.limiterDef.conf): concurrency
 -- (0: none), GCRA emission interval (ms, 0: no rate), burst.
 
-local LUS = '\31'
 
 -- lim_open returns the limiter's state for one call: keys, configuration
 -- and Redis time; the slots are (re)made when the concurrency changed.
@@ -31,7 +30,10 @@ local function lim_open(base, conf, ttl)
     wp = base .. ':wp', groups = base .. ':groups', conc = tonum(cf[1]) or 0, interval = tonum(cf[2]) or 0,
     burst = tonum(cf[3]) or 1, ttl = tonum(ttl) or 0}
   if l.burst < 1 then l.burst = 1 end
-  l.now = tonum(now_ms())
+  local ms, us = clock()
+  l.now = tonum(ms)
+  l.ms = ms
+  l.us = us
   local h = rcall('HMGET', base, 'n', 'tat', 'holdUntil', 'token', 'waiting')
   l.tat = tonum(h[2]) or 0
   l.hold = tonum(h[3]) or 0
@@ -62,7 +64,7 @@ local function lim_holder(l, i)
   local f = {}
   local from = 1
   for k = 1, 5 do
-    local at = sfind(v, LUS, from, true)
+    local at = sfind(v, US, from, true)
     f[k] = ssub(v, from, at - 1)
     from = at + 1
   end
@@ -74,7 +76,7 @@ end
 -- its place); front puts it first in its queue (a reservation that
 -- expired unclaimed).
 local function lim_wait(l, member, lane, group, front)
-  if rcall('HSETNX', l.wmeta, member, lane .. LUS .. group) == 0 then return end
+  if rcall('HSETNX', l.wmeta, member, lane .. US .. group) == 0 then return end
   l.waiting = l.waiting + 1
   rcall('HSET', l.base, 'waiting', l.waiting)
   local score = 0
@@ -145,7 +147,7 @@ local function lim_take(l, i, member, owner, state, lane, group)
   end
   if tonum(i) >= 0 then
     rcall('ZADD', l.slots, l.now + l.ttl, i)
-    rcall('HSET', l.holders, i, owner .. LUS .. token .. LUS .. state .. LUS .. lane .. LUS .. group .. LUS .. member)
+    rcall('HSET', l.holders, i, owner .. US .. token .. US .. state .. US .. lane .. US .. group .. US .. member)
   end
   return token
 end
