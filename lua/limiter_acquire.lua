@@ -54,11 +54,11 @@ for j = rel_end + 1, #ARGV, 4 do
   if waiting == 0 then i, why, at = lim_blocked(l) end
   if i and spec ~= '' then
     local token = lim_take(l, i, member, owner, 'h', lane, group)
-    local d = split(spec, US)
+    local d = conf_fields(spec)
     local tag = d[1]
     local c = parts[tag]
     if not c then
-      local cc = split(ARGV[5], US)
+      local cc = conf_fields(ARGV[5])
       local part = part_of(tag)
       local watched, paused = watch_and_paused(part.watch, part.paused)
       c = {owner = owner, cap = cc[1], events = part.events, watch = part.watch, watched = watched, retention = cc[2],
@@ -90,4 +90,5 @@ for j = rel_end + 1, #ARGV, 4 do
 end
 local reserved = {}
 local next_at, left = lim_pump(l, owner, free, reserved)
+lim_close(l)
 return {res, reserved, lim_in(l, next_at), left}

@@ -23,4 +23,5 @@ for j = 7, #ARGV, 3 do
 end
 local reserved = {}
 local next_at, left = lim_pump(l, owner, tonum(ARGV[4]), reserved)
+lim_close(l)
 return {reserved, lim_in(l, next_at), left}

@@ -22,14 +22,25 @@
 -- (0: none), GCRA emission interval (ms, 0: no rate), burst.
 
 
+-- LIMS caches each limiter's key names and parsed configuration by hash
+-- and configuration (bounded like CONFS: emptied at 256 entries).
+local LIMS, n_lims = {}, 0
+
 -- lim_open returns the limiter's state for one call: keys, configuration
 -- and Redis time; the slots are (re)made when the concurrency changed.
 local function lim_open(base, conf, ttl)
-  local cf = split(conf, ',')
-  local l = {base = base, slots = base .. ':slots', holders = base .. ':holders', wmeta = base .. ':wmeta',
-    wp = base .. ':wp', groups = base .. ':groups', conc = tonum(cf[1]) or 0, interval = tonum(cf[2]) or 0,
-    burst = tonum(cf[3]) or 1, ttl = tonum(ttl) or 0}
-  if l.burst < 1 then l.burst = 1 end
+  local id = base .. ' ' .. conf
+  local k = LIMS[id]
+  if not k then
+    local cf = split(conf, ',')
+    k = {slots = base .. ':slots', holders = base .. ':holders', wmeta = base .. ':wmeta', wp = base .. ':wp',
+      groups = base .. ':groups', conc = tonum(cf[1]) or 0, interval = tonum(cf[2]) or 0, burst = tonum(cf[3]) or 1}
+    if k.burst < 1 then k.burst = 1 end
+    if n_lims >= 256 then LIMS, n_lims = {}, 0 end
+    LIMS[id], n_lims = k, n_lims + 1
+  end
+  local l = {base = base, slots = k.slots, holders = k.holders, wmeta = k.wmeta, wp = k.wp, groups = k.groups,
+    conc = k.conc, interval = k.interval, burst = k.burst, ttl = tonum(ttl) or 0, freed = {}}
   local ms, us = clock()
   l.now = tonum(ms)
   l.ms = ms
@@ -95,6 +106,12 @@ end
 -- back first in line.
 local function lim_free_slot(l)
   if l.conc == 0 then return -1 end
+  local n = #l.freed
+  if n > 0 and tonum(l.freed[n]) < l.conc then -- given back in this call (lim_release): not written free yet
+    local i = l.freed[n]
+    l.freed[n] = nil
+    return i
+  end
   local s = rcall('ZRANGE', l.slots, 0, 0, 'WITHSCORES')
   if #s == 0 then return nil, l.now + 1000 end
   local i, exp = s[1], tonum(s[2])
@@ -227,15 +244,30 @@ local function lim_hold(l, ms)
 end
 
 -- lim_release frees slot i (-1: a rate-only limiter) when member holds it
--- for owner with token; refund gives back the rate charged for a start
--- that never ran.
+-- for owner with token (its holder starts "owner US token US" and ends
+-- "US member": lim_take); refund gives back the rate charged for a start
+-- that never ran. The slot is only marked free in l.freed: a start in the
+-- same call takes it over with one write (lim_take), and lim_close writes
+-- the rest free.
 local function lim_release(l, i, token, member, owner, refund)
-  if tonum(i) >= 0 and lim_slot_of(l, i, member, owner, token) then
-    rcall('ZADD', l.slots, 0, i)
-    rcall('HDEL', l.holders, i)
+  if tonum(i) >= 0 then
+    local v = rcall('HGET', l.holders, i)
+    local pre, suf = owner .. US .. token .. US, US .. member
+    if v and ssub(v, 1, #pre) == pre and ssub(v, -#suf) == suf then l.freed[#l.freed + 1] = i end
   end
   if refund and l.interval > 0 then
     l.tat = l.tat - l.interval
     rcall('HSET', l.base, 'tat', string.format('%.3f', l.tat))
   end
+end
+
+-- lim_close writes free the slots given back in this call and not taken
+-- over (lim_release).
+local function lim_close(l)
+  local freed = l.freed
+  for j = 1, #freed do
+    rcall('ZADD', l.slots, 0, freed[j])
+    rcall('HDEL', l.holders, freed[j])
+  end
+  l.freed = {}
 end
