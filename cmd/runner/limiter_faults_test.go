@@ -64,6 +64,7 @@ func TestLimiterCapUnderFaults(t *testing.T) {
 	})
 	down := httptest.NewServer(rec)
 	t.Cleanup(down.Close) // after the runners' cleanups (LIFO): no request is left waiting
+	t.Cleanup(rec.cont)   // before down.Close: a write held for a pause is let go
 
 	var jobsYAML strings.Builder
 	for _, scope := range []string{"alpha", "beta"} {
@@ -153,26 +154,32 @@ jobs:
 
 	// SIGSTOP the survivor holding the most slots for twice the TTL, then
 	// SIGCONT it: its slots pass on meanwhile, and what it still sends
-	// with them is refused.
-	paused, pheld := pickHolder("the limit in use before the pause", victim.id)
+	// with them is refused. It is stopped as its next write arrives, and
+	// that write is judged only after the SIGCONT: a write in flight while
+	// its writer was paused, so there is at least one late write.
+	paused, _ := pickHolder("the limit in use before the pause", victim.id)
 	var api *runnerProc // the runner neither killed nor paused
 	for _, p := range pods {
 		if p != victim && p != paused {
 			api = p
 		}
 	}
-	stopFault := rec.stop(paused.id)
-	if err := paused.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
 	t.Cleanup(func() { _ = paused.cmd.Process.Signal(syscall.SIGCONT) }) // if the test ends during the pause
-	time.Sleep(2 * ttl)                                                  // the fault itself, not a wait for state
+	rec.armPause(paused.id, func() error { return paused.cmd.Process.Signal(syscall.SIGSTOP) })
+	var stopFault *capFault
+	var pheld int
+	eventually(t, 10*time.Second, "the pause of "+paused.id+" at its next write", func() error {
+		var err error
+		stopFault, pheld, err = rec.pausedAt()
+		return err
+	})
+	time.Sleep(2 * ttl) // the fault itself, not a wait for state
 	rec.cont()
 	if err := paused.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
 	backAfterStop := rec.waitBack(t, stopFault, 0)
-	t.Logf("paused %s writing in %d slots for %v", paused.id, pheld, 2*ttl)
+	t.Logf("paused %s for %v as it sent a write, with %d more of its writes accepted then", paused.id, 2*ttl, pheld)
 
 	// Every run ends done: the killed and the paused runners' runs are
 	// taken over.
@@ -215,6 +222,9 @@ jobs:
 	}
 	if killFault.maxBefore != limit {
 		t.Errorf("before the faults at most %d writes were accepted at once, want the limit %d", killFault.maxBefore, limit)
+	}
+	if s.late.sent == 0 {
+		t.Errorf("no late write of the paused %s was seen", paused.id)
 	}
 	if s.late.accepted > 0 {
 		t.Errorf("%d late writes of the paused %s were accepted:\n%s", s.late.accepted, paused.id, strings.Join(s.lateAccepted, "\n"))
@@ -297,10 +307,18 @@ type capRecorder struct {
 	over     []string // the writes accepted at once, each time there were more than limit
 	faults   []*capFault
 
-	// the pause: late writes are those of the paused runner after its
-	// SIGCONT with a slot token no higher than any seen before the SIGCONT
-	// (a grant it got before the pause; one got after is higher)
+	// the pause: armed names the runner to SIGSTOP (with stopFn) when its
+	// next write arrives; that write waits for resumed. Late writes are
+	// that one and those of the paused runner after its SIGCONT with a
+	// slot token no higher than any seen before the SIGCONT (a grant it
+	// got before the pause; one got after is higher).
+	armed          string
+	stopFn         func() error
+	stopErr        error
+	resumed        chan struct{}
 	paused         string
+	pauseFault     *capFault
+	pausedHeld     int // the paused runner's writes accepted when it was stopped
 	stopAt, contAt time.Time
 	seenTop        int64 // the highest slot token seen
 	contTop        int64 // seenTop at the SIGCONT
@@ -313,7 +331,7 @@ type capLate struct{ sent, refused, accepted int }
 
 func newCapRecorder(limit int, hold func(subject, stage string) time.Duration) *capRecorder {
 	return &capRecorder{limit: limit, hold: hold, slotTop: map[int]int64{}, keyTop: map[string]int64{},
-		live: map[*capWrite]struct{}{}, byRunner: map[string]int{}}
+		live: map[*capWrite]struct{}{}, byRunner: map[string]int{}, resumed: make(chan struct{})}
 }
 
 func (c *capRecorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -344,17 +362,24 @@ func (c *capRecorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		problem = fmt.Sprintf("runner %q key %q subject %q", wr.runner, wr.key, body.Subject)
 	}
 
-	c.mu.Lock()
-	now := time.Now()
 	if problem != "" {
+		c.mu.Lock()
 		c.bad = append(c.bad, problem)
 		c.mu.Unlock()
 		http.Error(w, problem, http.StatusBadRequest)
 		return
 	}
+	late := c.pauseOn(wr)
+	if late {
+		<-c.resumed
+	}
+
+	c.mu.Lock()
+	now := time.Now()
 	c.seenTop = max(c.seenTop, wr.slotToken)
-	late := false
-	if wr.runner == c.paused {
+	if late {
+		c.late.sent++
+	} else if wr.runner == c.paused {
 		switch {
 		case c.contAt.IsZero():
 			c.duringPause++
@@ -458,20 +483,53 @@ func (c *capRecorder) fault(runner string) *capFault {
 	return f
 }
 
-// stop records that runner is paused now.
-func (c *capRecorder) stop(runner string) *capFault {
-	f := c.fault(runner)
+// armPause has stop called when runner's next write arrives; that write
+// is judged after cont.
+func (c *capRecorder) armPause(runner string, stop func() error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.paused, c.stopAt = runner, f.at
-	return f
+	c.armed, c.stopFn = runner, stop
 }
 
-// cont records that the paused runner resumes now.
+// pauseOn pauses w's runner if it is armed, and reports whether it did.
+func (c *capRecorder) pauseOn(w *capWrite) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.armed == "" || w.runner != c.armed {
+		return false
+	}
+	c.armed = ""
+	c.pausedHeld = c.byRunner[w.runner]
+	c.pauseFault = &capFault{runner: w.runner, at: time.Now(), maxBefore: c.max}
+	c.faults = append(c.faults, c.pauseFault)
+	c.paused, c.stopAt = w.runner, c.pauseFault.at
+	c.stopErr = c.stopFn()
+	return true
+}
+
+// pausedAt returns the pause once it happened, and how many writes of the
+// paused runner were accepted then.
+func (c *capRecorder) pausedAt() (*capFault, int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.stopErr != nil:
+		return nil, 0, c.stopErr
+	case c.pauseFault == nil:
+		return nil, 0, fmt.Errorf("no write of %s yet", c.armed)
+	}
+	return c.pauseFault, c.pausedHeld, nil
+}
+
+// cont records that the paused runner resumes now, and lets its held
+// write be judged.
 func (c *capRecorder) cont() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.contAt, c.contTop = time.Now(), c.seenTop
+	if c.contAt.IsZero() {
+		c.contAt, c.contTop = time.Now(), c.seenTop
+		close(c.resumed)
+	}
 }
 
 // waitBack waits up to timeout for f's back-at-limit instant and returns
