@@ -204,9 +204,10 @@ jobs:
 	}
 	elapsed := time.Since(start)
 	retried := 0
+	var notDone []string
 	for _, v := range views {
 		if v.Status != jobs.StatusDone {
-			t.Errorf("%s ended %s at attempt %d: %s", v.Key, v.Status, v.Attempt, v.LastError)
+			notDone = append(notDone, fmt.Sprintf("  %s ended %s at attempt %d: %s", v.Key, v.Status, v.Attempt, v.LastError))
 		}
 		if v.Attempt > 1 {
 			retried++
@@ -214,11 +215,14 @@ jobs:
 	}
 
 	s := rec.summary()
-	for _, b := range s.bad {
-		t.Errorf("malformed write: %s", b)
-	}
 	if s.max > limit {
-		t.Errorf("%d writes accepted at once, limit %d; the first times over it:\n%s", s.max, limit, strings.Join(s.over, "\n"))
+		t.Errorf("%d writes accepted at once, limit %d; the first times over it:\n%s", s.max, limit, strings.Join(s.over[:min(3, len(s.over))], "\n"))
+	}
+	if len(notDone) > 0 {
+		t.Errorf("%d of %d runs did not end done, e.g.\n%s", len(notDone), keys, strings.Join(notDone[:min(5, len(notDone))], "\n"))
+	}
+	for _, b := range s.bad[:min(5, len(s.bad))] {
+		t.Errorf("malformed write: %s", b)
 	}
 	if killFault.maxBefore != limit {
 		t.Errorf("before the faults at most %d writes were accepted at once, want the limit %d", killFault.maxBefore, limit)
