@@ -151,7 +151,7 @@ jobs:
 	if err := victim.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("killed %s writing in %d of the %d slots (max accepted at once before: %d)", victim.id, held, limit, killFault.maxBefore)
+	t.Logf("killed %s with %d of the %d writes at work its own (max accepted at once before: %d)", victim.id, held, limit, killFault.maxBefore)
 	backAfterKill := rec.waitBack(t, killFault, ttl+5*time.Second)
 	if backAfterKill < 0 || backAfterKill > ttl+time.Second {
 		t.Errorf("after the kill of %s: back at %d accepted at once after %v, want within the lease TTL + 1s (%v)",
