@@ -44,6 +44,9 @@ import (
 // overlaps the next holder's: a downstream that serializes a slot's
 // writes, as a row lock held to commit does, would queue the next one).
 func TestLimiterCapUnderFaults(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three runner processes for ~30 s: not in -short")
+	}
 	const (
 		keys  = 300
 		limit = 5
