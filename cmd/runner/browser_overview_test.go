@@ -96,20 +96,6 @@ func TestBrowserConsoleLimiters(t *testing.T) {
 	if got := cell("job.slowjob", "in-use"); got != "0 / 3" {
 		t.Errorf("job.slowjob in use: %q, want 0 / 3", got)
 	}
-	// Five runs of slowjob (they run until cancelled) for its own limit of
-	// three: three hold a slot, two wait.
-	for i := range 5 {
-		res, err := http.Post(fmt.Sprintf("%s/v1/tasks/u%d/slowjob/runs", srv.url, i), "application/json", strings.NewReader(`{"source":"schedule"}`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		res.Body.Close()
-	}
-	b.until(20*time.Second, "three in use, two waiting",
-		`(document.querySelector('#limiters tr[data-limiter="job.slowjob"] [data-field="in-use"]')?.textContent ?? "").trim() === "3 / 3" &&
-		 (document.querySelector('#limiters tr[data-limiter="job.slowjob"] [data-field="waiting"]')?.textContent ?? "").trim() === "2"`)
-	b.shot("console-limiters")
-
 	// Crafted answers: a full limiter held by a retry-after, one without a
 	// cap; then none at all.
 	b.run("render crafted limiters", js(`renderLimiters([
@@ -134,4 +120,18 @@ func TestBrowserConsoleLimiters(t *testing.T) {
 	}
 	b.run("render no limiters", js(`renderLimiters([])`))
 	b.until(5*time.Second, "the section hidden", `$("limiters-section").hidden`)
+
+	// Five runs of slowjob (they run until cancelled) for its own limit of
+	// three: three hold a slot, two wait.
+	for i := range 5 {
+		res, err := http.Post(fmt.Sprintf("%s/v1/tasks/u%d/slowjob/runs", srv.url, i), "application/json", strings.NewReader(`{"source":"schedule"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+	}
+	b.until(20*time.Second, "three in use, two waiting",
+		`(document.querySelector('#limiters tr[data-limiter="job.slowjob"] [data-field="in-use"]')?.textContent ?? "").trim() === "3 / 3" &&
+		 (document.querySelector('#limiters tr[data-limiter="job.slowjob"] [data-field="waiting"]')?.textContent ?? "").trim() === "2"`)
+	b.shot("console-limiters")
 }

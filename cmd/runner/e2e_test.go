@@ -406,7 +406,7 @@ schedules:
 		}
 		switch e.Event {
 		case "requested", "joined", "skipped", "throttled":
-			schedRequests++
+			schedRequests += e.Count // identical repeats are one event with a count
 			if e.Outcome == string(jobs.OutcomeStarted) {
 				started[e.RunID] = true
 			}
