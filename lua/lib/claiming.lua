@@ -153,6 +153,11 @@ local function claim_entry(c, task, lease_key, hist, lane, entry_id, run_id, sou
   if rec[10] and rec[10] ~= '' then
     fields[#fields + 1] = 'waiting'
     fields[#fields + 1] = ''
+    -- A run that waited (for a limiter, a runner that defines it) had its
+    -- entry scored for a late recheck: due again when this lease would
+    -- expire, so a holder that dies before its first heartbeat is
+    -- taken over in time.
+    rcall('ZADD', c.q.taken, 'XX', tonum(now) + tonum(ttl), entry_id)
   end
   if rec[13] and rec[13] ~= '' then
     fields[#fields + 1] = 'v' -- the cached view (lib/submitting.lua submit_fast)

@@ -2,7 +2,7 @@
 -- limiter_renew.lua, limiter_release.lua). A limiter's keys share one hash
 -- tag, "{<prefix>:limiter:<name>}", so on Redis Cluster a limiter lives in
 -- a slot of its own; every key is derived from KEYS[1], the limiter's hash:
---   <L>          hash: n (slots made), token (slot fencing counter), seq
+--   <L>          hash: n (slots made), token (the last slot token), seq
 --                (waiting order), waiting (count of <L>:wmeta), tat (GCRA
 --                theoretical arrival, ms), holdUntil (ms)
 --   <L>:slots    sorted set: slot number → expiry (ms; 0 = never used or
@@ -48,7 +48,7 @@ local function lim_open(base, conf, ttl)
   local h = rcall('HMGET', base, 'n', 'tat', 'holdUntil', 'token', 'waiting')
   l.tat = tonum(h[2]) or 0
   l.hold = tonum(h[3]) or 0
-  l.token = tonum(h[4]) or 0
+  l.token = h[4] or nil
   l.waiting = tonum(h[5]) or 0
   local made = tonum(h[1]) or 0
   if made ~= l.conc then
@@ -152,10 +152,13 @@ end
 
 -- lim_take gives slot i to member for owner, charges the rate and returns
 -- the slot's new fencing token (the counter and the rate's time in one
--- HSET: the script reads and writes them atomically).
+-- HSET: the script reads and writes them atomically). Tokens are taken as
+-- the leases' are (next_token: at least Redis time in µs), so they keep
+-- growing when Redis loses the limiter's hash: a downstream fencing by
+-- slot never sees one go back.
 local function lim_take(l, i, member, owner, state, lane, group)
-  l.token = l.token + 1
-  local token = tok_str(l.token)
+  local token = next_token(l.token, l.us)
+  l.token = token
   if l.interval > 0 then
     l.tat = math.max(l.tat, l.now) + l.interval
     rcall('HSET', l.base, 'token', token, 'tat', string.format('%.3f', l.tat))
