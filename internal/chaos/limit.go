@@ -35,6 +35,10 @@ type limitedExec struct {
 }
 
 func (e *limitedExec) String() string {
+	if e.accepted == 0 {
+		return fmt.Sprintf("%s token %d slots %q runner %s: none of %d writes accepted, the first at %s",
+			e.key, e.token, e.slotsText, e.runner, len(e.writes), e.writes[0].arrive.Format("15:04:05.000"))
+	}
 	return fmt.Sprintf("%s token %d slots %q runner %s: accepted %s..%s (%d of %d writes)",
 		e.key, e.token, e.slotsText, e.runner, e.from.Format("15:04:05.000"), e.to.Format("15:04:05.000"),
 		e.accepted, len(e.writes))
@@ -79,15 +83,24 @@ func limitedExecutions(reqs []recReq) []*limitedExec {
 
 // limitStats is what check 9 measured.
 type limitStats struct {
-	writes, accepted       int     // the limited job's requests, and those accepted
-	executions             int     // executions with an accepted write
-	maxConcurrent          int     // most accepted executions overlapping at one instant
-	atLimit                float64 // seconds with limit accepted executions overlapping
-	refusedBySlot          int     // writes refused by the slot fence: late writes of a deposed holder
-	refusedAfterStop       int     // of them, from a runner SIGSTOPped shortly before or while held
-	refusedAfterPause      int     // of them, after a CLIENT PAUSE of Redis past the lease TTL
-	refusedByKey, aborted  int     // writes refused by the key fence, and given up by the runner
-	slotTokensBehindFaults int     // executions after a Redis fault whose slot token is not above every one seen before it
+	writes, accepted  int     // the limited job's requests, and those accepted
+	executions        int     // executions with an accepted write
+	maxConcurrent     int     // most accepted executions overlapping at one instant
+	atLimit           float64 // seconds with limit accepted executions overlapping
+	refusedLate       int     // refused by the slot fence, a newer holder of the slot having written: late writes of a deposed holder
+	refusedAfterStop  int     // of them, from a runner SIGSTOPped while the write was held or in the 5 s before it arrived
+	refusedAfterPause int     // of them, near a CLIENT PAUSE of Redis past the lease TTL
+	refusedByKey      int     // refused by the key's fencing token
+	aborted           int     // given up by the runner
+	// Behind a Redis fault: executions that began after one with a slot
+	// token not above every token of the limiter seen before it, and
+	// their writes refused by the slot fence (not counted as late).
+	behindFaults, refusedBehind int
+	behindExample               string // the first such execution
+	// tokensTwice counts slot tokens ("limiter#slot token") that two
+	// executions held.
+	tokensTwice        int
+	tokensTwiceExample string
 }
 
 // checkLimit is check 9: at no instant do more than h.limit executions of
@@ -120,14 +133,32 @@ func (h *harness) checkLimit(reqs []recReq) limitStats {
 	h.mu.Lock()
 	stops := slices.Clone(h.stopLog)
 	h.mu.Unlock()
+	behind := h.slotTokensBehind(execs)
+	st.behindFaults = len(behind)
+	held := map[string]*limitedExec{}
 	for _, e := range execs {
+		if why, ok := behind[e]; ok && st.behindExample == "" {
+			st.behindExample = e.String() + ": " + why
+		}
+		for _, s := range e.slots {
+			id := fmt.Sprintf("%s token %d", s.fenceKey(), s.token)
+			if o := held[id]; o != nil {
+				st.tokensTwice++
+				if st.tokensTwiceExample == "" {
+					st.tokensTwiceExample = id + " held by " + o.String() + " and by " + e.String()
+				}
+			}
+			held[id] = e
+		}
 		for _, w := range e.writes {
 			st.writes++
 			switch {
 			case w.outcome == recAccepted:
 				st.accepted++
+			case w.refused() && w.bySlot && behind[e] != "":
+				st.refusedBehind++
 			case w.refused() && w.bySlot:
-				st.refusedBySlot++
+				st.refusedLate++
 				stopped, paused := false, false
 				for _, s := range stops {
 					if s.from.Before(w.end) && s.to.After(w.arrive.Add(-5*time.Second)) {
@@ -157,7 +188,6 @@ func (h *harness) checkLimit(reqs []recReq) limitStats {
 		}
 	}
 	st.maxConcurrent, st.atLimit = h.overlaps(execs)
-	st.slotTokensBehindFaults = h.slotTokensBehind(execs)
 	return st
 }
 
@@ -231,13 +261,14 @@ func (h *harness) overlaps(execs []*limitedExec) (peak int, atLimit float64) {
 	return peak, at.Seconds()
 }
 
-// slotTokensBehind counts executions that began after a Redis fault with
-// a slot token not above every token of the same limiter seen before the
-// fault (the limiter's token counter went back with the data Redis lost).
-// A fencing downstream refuses their writes (or, given a token twice,
-// may accept two holders of a slot: then check 9 counts them).
-func (h *harness) slotTokensBehind(execs []*limitedExec) int {
-	behind := map[*limitedExec]bool{}
+// slotTokensBehind finds the executions that began after a Redis fault
+// with a slot token not above every token of the same limiter seen before
+// the fault: the limiter's token counter went back with the data Redis
+// lost. A fencing downstream refuses their writes (or, were a token given
+// twice to holders of one slot, might accept both: check 9 counts them
+// then). It says for each which fault and which earlier token.
+func (h *harness) slotTokensBehind(execs []*limitedExec) map[*limitedExec]string {
+	behind := map[*limitedExec]string{}
 	for _, o := range h.outages {
 		before := map[string]int64{}
 		for _, e := range execs {
@@ -248,17 +279,19 @@ func (h *harness) slotTokensBehind(execs []*limitedExec) int {
 			}
 		}
 		for _, e := range execs {
-			if !e.writes[0].arrive.After(o.up) {
+			if !e.writes[0].arrive.After(o.up) || behind[e] != "" {
 				continue
 			}
 			for _, s := range e.slots {
 				if s.token <= before[s.limiter] {
-					behind[e] = true
+					behind[e] = fmt.Sprintf("slot token %d after the Redis fault %s at %s, though token %d of %s was seen before it",
+						s.token, o.kind, o.down.Format("15:04:05.000"), before[s.limiter], s.limiter)
+					break
 				}
 			}
 		}
 	}
-	return len(behind)
+	return behind
 }
 
 // execWrites renders an execution's writes for a violation.

@@ -85,8 +85,8 @@ func TestCheckerNeverMoreThanNAcceptedWriters(t *testing.T) {
 			if st.maxConcurrent != tc.peak {
 				t.Errorf("max accepted concurrency %d, want %d", st.maxConcurrent, tc.peak)
 			}
-			if st.refusedBySlot != tc.refusedBy {
-				t.Errorf("refused by the slot fence %d, want %d", st.refusedBySlot, tc.refusedBy)
+			if st.refusedLate != tc.refusedBy {
+				t.Errorf("refused by the slot fence %d, want %d", st.refusedLate, tc.refusedBy)
 			}
 			for _, v := range got {
 				if !strings.Contains(v, limitedScope) {
@@ -113,14 +113,21 @@ func TestCheckerLimitFigures(t *testing.T) {
 	if st.atLimit != 1 || st.maxConcurrent != 2 || st.executions != 2 {
 		t.Errorf("at the limit %.3fs, peak %d, executions %d; want 1s, 2, 2", st.atLimit, st.maxConcurrent, st.executions)
 	}
-	if st.refusedBySlot != 1 || st.refusedAfterStop != 1 || st.writes != 3 || st.accepted != 2 {
+	if st.refusedLate != 1 || st.refusedAfterStop != 1 || st.writes != 3 || st.accepted != 2 {
 		t.Errorf("%+v: want 3 writes, 2 accepted, 1 refused late after a SIGSTOP", st)
 	}
 	h.outages = []outage{{kind: FaultRedisRestartEmpty, down: t0.Add(4 * time.Second), up: t0.Add(5 * time.Second)}}
-	st = h.checkLimit([]recReq{limitedReq(t0, 0, 0, 10, 0, 2, recAccepted),
-		limitedReq(t0, 1, 0, 3, 6, 7, recRefusedArrival), limitedReq(t0, 2, 1, 11, 6, 7, recAccepted)})
-	if st.slotTokensBehindFaults != 1 {
-		t.Errorf("%d executions with slot tokens behind the Redis fault, want 1", st.slotTokensBehindFaults)
+	behind := limitedReq(t0, 1, 0, 3, 6, 7, recRefusedArrival)
+	behind.bySlot = true
+	st = h.checkLimit([]recReq{limitedReq(t0, 0, 0, 10, 0, 2, recAccepted), behind, limitedReq(t0, 2, 1, 11, 6, 7, recAccepted)})
+	if st.behindFaults != 1 || st.refusedBehind != 1 || st.refusedLate != 0 || !strings.Contains(st.behindExample, "l01|limited") {
+		t.Errorf("%+v: want l01's execution behind the Redis fault, its write refused as behind, not late", st)
+	}
+	// the same slot token held twice (a counter that went back, then
+	// caught up): counted, with the two executions
+	st = h.checkLimit([]recReq{limitedReq(t0, 0, 0, 10, 0, 2, recAccepted), limitedReq(t0, 1, 0, 10, 6, 7, recAccepted)})
+	if st.tokensTwice != 1 || !strings.Contains(st.tokensTwiceExample, "l00|limited") || !strings.Contains(st.tokensTwiceExample, "l01|limited") {
+		t.Errorf("%+v: want remote#0 token 10 held twice, by l00 and l01", st)
 	}
 }
 

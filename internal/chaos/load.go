@@ -134,8 +134,9 @@ func (h *harness) load(ctx context.Context, worker int) {
 }
 
 // limitedShare is the percentage of the load's requests that go to the
-// limited job: a tenth or so, enough to keep its limiter full.
-const limitedShare = 12
+// limited job: a modest share, enough to keep its limiter's slots busy
+// (about 3 submits a second for runs that hold a slot about 2 s).
+const limitedShare = 15
 
 // loadLimited is one request of the load for the limited job: a submit
 // (seven in ten), a foreground hook or a cancel, for a random subject.

@@ -88,6 +88,13 @@ const (
 	limitedRunnerHeader = "X-Chaos-Runner"
 )
 
+// How long the recorder holds a write of the limited job: limitedHoldMin
+// plus up to limitedHoldSpread (seeded).
+const (
+	limitedHoldMin    = 400 * time.Millisecond
+	limitedHoldSpread = time.Second
+)
+
 func (r *recReq) refused() bool {
 	return r.outcome == recRefusedArrival || r.outcome == recRefusedCommit
 }
@@ -120,8 +127,8 @@ func (r *recReq) String() string {
 // slot, on arrival and at commit (the write of a holder whose slot
 // expired and went to someone else who wrote is refused). Every bulk
 // request is held 0.2–2 s (seeded), so hundreds of runs are live at once;
-// a limited one 0.15–0.75 s, twice a run (two stages), so the limiter's
-// slots are busy for about a second per run.
+// a limited one 0.4–1.4 s, twice a run (two stages), so a run holds its
+// limiter slot for about two seconds and the load keeps every slot busy.
 type recorder struct {
 	ks  *keyspace.Space
 	srv *http.Server
@@ -135,6 +142,7 @@ type recorder struct {
 	byKey       map[string][]*recReq
 	live        []int // requests being held, per partition
 	peak        []int
+	liveLimited map[string]int // the limited job's requests being held, by runner marker
 }
 
 // newRecorder starts a recorder on a loopback port; it is closed at t's
@@ -142,7 +150,7 @@ type recorder struct {
 func newRecorder(t redistest.T, seed int64, ks *keyspace.Space) *recorder {
 	t.Helper()
 	r := &recorder{ks: ks, rng: rand.New(rand.NewPCG(uint64(seed), 0x7265636f7264)),
-		highest: map[string]int64{}, slotHighest: map[string]int64{}, byKey: map[string][]*recReq{},
+		highest: map[string]int64{}, slotHighest: map[string]int64{}, byKey: map[string][]*recReq{}, liveLimited: map[string]int{},
 		live: make([]int, ks.Partitions()), peak: make([]int, ks.Partitions())}
 	ln, err := net.Listen("tcp", "127.0.0.1:0") // 127.0.0.1 only
 	if err != nil {
@@ -190,7 +198,7 @@ func (r *recorder) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r.byKey[rr.key] = append(r.byKey[rr.key], rr)
 	var hold time.Duration
 	if rr.limited {
-		hold = 150*time.Millisecond + time.Duration(r.rng.Int64N(int64(600*time.Millisecond)))
+		hold = limitedHoldMin + time.Duration(r.rng.Int64N(int64(limitedHoldSpread)))
 	} else {
 		hold = 200*time.Millisecond + time.Duration(r.rng.Int64N(int64(1800*time.Millisecond)))
 	}
@@ -206,6 +214,9 @@ func (r *recorder) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	r.live[part]++
 	r.peak[part] = max(r.peak[part], r.live[part])
+	if rr.limited {
+		r.liveLimited[rr.runner]++
+	}
 	r.mu.Unlock()
 
 	timer := time.NewTimer(hold)
@@ -215,12 +226,18 @@ func (r *recorder) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	case <-req.Context().Done(): // the runner gave up (lease lost, cancel, kill)
 		r.mu.Lock()
 		r.live[part]--
+		if rr.limited {
+			r.liveLimited[rr.runner]--
+		}
 		rr.outcome, rr.end = recAborted, time.Now()
 		r.mu.Unlock()
 		return
 	}
 	r.mu.Lock()
 	r.live[part]--
+	if rr.limited {
+		r.liveLimited[rr.runner]--
+	}
 	if stale, bySlot := r.stale(rr); stale {
 		rr.outcome, rr.end, rr.bySlot = recRefusedCommit, time.Now(), bySlot
 		r.mu.Unlock()
@@ -230,6 +247,20 @@ func (r *recorder) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	rr.outcome, rr.end = recAccepted, time.Now()
 	r.mu.Unlock()
 	w.WriteHeader(http.StatusOK)
+}
+
+// limitedHolder returns the marker of the runner incarnation with the
+// most of the limited job's writes being held, "" when there are none.
+func (r *recorder) limitedHolder() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	best, n := "", 0
+	for m, c := range r.liveLimited {
+		if c > n || c == n && m < best {
+			best, n = m, c
+		}
+	}
+	return best
 }
 
 // stale reports whether rr's write must be refused: a higher token has

@@ -118,11 +118,11 @@ type Report struct {
 	MaxAcceptedConcurrency int     `json:"maxAcceptedConcurrency"`
 	SecondsAtLimit         float64 `json:"secondsAtLimit"`
 	// RefusedLateWrites are the limited job's writes refused by the slot
-	// fence: a newer holder of their slot had written, so theirs came
-	// late, from a holder whose slot had expired. RefusedLateAfterStop
-	// are those of them whose runner was SIGSTOPped while the write was
-	// held or in the 5 s before it arrived, RefusedLateAfterPause those
-	// near a CLIENT PAUSE of Redis.
+	// fence because a newer holder of their slot had written: late writes
+	// of a holder whose slot expired (SIGSTOP, CLIENT PAUSE, a lost
+	// renewal). RefusedLateAfterStop are those of them whose runner was
+	// SIGSTOPped while the write was held or in the 5 s before it
+	// arrived, RefusedLateAfterPause those near a CLIENT PAUSE of Redis.
 	RefusedLateWrites     int `json:"refusedLateWrites"`
 	RefusedLateAfterStop  int `json:"refusedLateAfterStop"`
 	RefusedLateAfterPause int `json:"refusedLateAfterPause"`
@@ -132,9 +132,16 @@ type Report struct {
 	LimitedAborted      int `json:"limitedAborted"`
 	// SlotTokensBehindFaults counts its executions that began after a
 	// Redis fault with a slot token not above every token of the limiter
-	// seen before the fault: the limiter's token went back with the data
-	// Redis lost, and the fence refuses them.
-	SlotTokensBehindFaults int `json:"slotTokensBehindFaults"`
+	// seen before the fault (the limiter's token went back with the data
+	// Redis lost), RefusedBehindFaults their writes refused by the slot
+	// fence (not counted in RefusedLateWrites); SlotTokensBehindExample
+	// describes the first. SlotTokensTwice counts slot tokens held by two
+	// executions, SlotTokensTwiceExample the first.
+	SlotTokensBehindFaults  int    `json:"slotTokensBehindFaults"`
+	RefusedBehindFaults     int    `json:"refusedBehindFaults"`
+	SlotTokensBehindExample string `json:"slotTokensBehindExample,omitempty"`
+	SlotTokensTwice         int    `json:"slotTokensTwice"`
+	SlotTokensTwiceExample  string `json:"slotTokensTwiceExample,omitempty"`
 
 	// The load, through the runners' APIs.
 	Submits         int            `json:"submits"`
@@ -192,9 +199,16 @@ func (r Report) Summary() []string {
 			r.AcceptedChecked),
 		fmt.Sprintf("reruns: %d stage executions checked for starting after their run was done", r.RerunChecked),
 		fmt.Sprintf("pauses: %d pauses of the sync scope checked for no lease granted to its runs", r.PausesChecked),
-		fmt.Sprintf("limited: limit %d, max accepted concurrency %d (at the limit for %.1fs), %d executions accepted over %d keys; %d writes, accepted %d, refused late %d (by the slot fence; of them after a SIGSTOP of their runner %d, after a CLIENT PAUSE %d), refused by the key fence %d, aborted by the runner %d; slot tokens behind a Redis fault %d",
+		fmt.Sprintf("limited: limit %d, max accepted concurrency %d (at the limit for %.1fs), %d executions accepted over %d keys; %d writes, accepted %d, refused late %d (by the slot fence; of them after a SIGSTOP of their runner %d, near a CLIENT PAUSE %d), refused by the key fence %d, aborted by the runner %d",
 			r.Limit, r.MaxAcceptedConcurrency, r.SecondsAtLimit, r.LimitedExecutions, r.LimitedKeys, r.LimitedWrites, r.LimitedAccepted,
-			r.RefusedLateWrites, r.RefusedLateAfterStop, r.RefusedLateAfterPause, r.LimitedRefusedByKey, r.LimitedAborted, r.SlotTokensBehindFaults),
+			r.RefusedLateWrites, r.RefusedLateAfterStop, r.RefusedLateAfterPause, r.LimitedRefusedByKey, r.LimitedAborted),
+	}
+	if r.SlotTokensBehindFaults > 0 {
+		lines = append(lines, fmt.Sprintf("limited: %d executions began after a Redis fault with a slot token not above the limiter's earlier ones, and %d of their writes were refused by the slot fence; the first: %s",
+			r.SlotTokensBehindFaults, r.RefusedBehindFaults, r.SlotTokensBehindExample))
+	}
+	if r.SlotTokensTwice > 0 {
+		lines = append(lines, fmt.Sprintf("limited: %d slot tokens were held by two executions; the first: %s", r.SlotTokensTwice, r.SlotTokensTwiceExample))
 	}
 	for _, f := range r.RedisFaults {
 		lines = append(lines, fmt.Sprintf("redis fault at %.1fs: %s, serving again after %v", f.AtSeconds, f.Kind, seconds(f.ServingAfterSeconds)))
