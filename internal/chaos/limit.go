@@ -269,7 +269,7 @@ func (h *harness) overlaps(execs []*limitedExec) (peak int, atLimit float64) {
 // then). It says for each which fault and which earlier token.
 func (h *harness) slotTokensBehind(execs []*limitedExec) map[*limitedExec]string {
 	behind := map[*limitedExec]string{}
-	for _, o := range h.outages {
+	for _, o := range slices.Backward(h.outages) { // the latest fault before an execution names it
 		before := map[string]int64{}
 		for _, e := range execs {
 			for _, s := range e.slots {
