@@ -11,10 +11,15 @@ package chaos
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tasklease/tasklease/taskkey"
 )
 
 // limitedExec is one execution of the limited job as its downstream saw
@@ -301,4 +306,65 @@ func execWrites(e *limitedExec) string {
 		b.WriteString("    " + w.String() + "\n")
 	}
 	return b.String()
+}
+
+// limitedState describes, for a stuck key of the limited job, what Redis
+// holds of it and of its limiter (read-only): the run record, where the
+// record's run has entries (its partition's lanes and taken set, with the
+// taken score relative to Redis time), and the limiter's slots, holders
+// and waiting members — what a report of a run the limiter lost track of
+// needs.
+func (h *harness) limitedState(ctx context.Context, k taskkey.Key) string {
+	var b strings.Builder
+	now, err := redisNowMs(ctx, h.rdb)
+	if err != nil {
+		return "  (limiter state: " + err.Error() + ")\n"
+	}
+	rec, err := h.rdb.HGetAll(ctx, h.ks.Task(k)).Result()
+	fmt.Fprintf(&b, "  record %s: %v %v\n", h.ks.Task(k), rec, err)
+	p := h.ks.Partition(k)
+	runID := rec["runId"]
+	if runID != "" {
+		for _, l := range []string{h.ks.Queue(p, 0), h.ks.Queue(p, 1)} {
+			es, err := h.rdb.LRange(ctx, l, 0, -1).Result()
+			for _, e := range es {
+				if strings.Contains(e, runID) {
+					fmt.Fprintf(&b, "  lane %s holds %q\n", l, e)
+				}
+			}
+			if err != nil {
+				fmt.Fprintf(&b, "  lane %s: %v\n", l, err)
+			}
+		}
+		taken, err := h.rdb.ZRangeWithScores(ctx, h.ks.Taken(p), 0, -1).Result()
+		found := false
+		for _, z := range taken {
+			if e, _ := z.Member.(string); strings.Contains(e, runID) {
+				found = true
+				fmt.Fprintf(&b, "  taken %s holds %q, reclaimable in %dms\n", h.ks.Taken(p), e, int64(z.Score)-now)
+			}
+		}
+		if !found {
+			fmt.Fprintf(&b, "  no entry of run %s in %s (%d entries) %v\n", runID, h.ks.Taken(p), len(taken), err)
+		}
+	}
+	base := "{" + keyPrefix + ":limiter:" + limiterName + "}"
+	pipe := h.rdb.Pipeline()
+	hash := pipe.HGetAll(ctx, base)
+	slots := pipe.ZRangeWithScores(ctx, base+":slots", 0, -1)
+	holders := pipe.HGetAll(ctx, base+":holders")
+	wmeta := pipe.HGetAll(ctx, base+":wmeta")
+	wp := pipe.ZRangeWithScores(ctx, base+":wp", 0, -1)
+	groups := pipe.LRange(ctx, base+":groups", 0, -1)
+	wg := pipe.ZRangeWithScores(ctx, base+":wg:", 0, -1)
+	_, err = pipe.Exec(ctx)
+	if err != nil && err != redis.Nil {
+		fmt.Fprintf(&b, "  limiter %s: %v\n", base, err)
+	}
+	fmt.Fprintf(&b, "  limiter %s at Redis time %d: %v\n", base, now, hash.Val())
+	for _, z := range slots.Val() {
+		fmt.Fprintf(&b, "    slot %v expires in %dms, holder %s\n", z.Member, int64(z.Score)-now, holders.Val()[fmt.Sprint(z.Member)])
+	}
+	fmt.Fprintf(&b, "    waiting members %d: %v; people %v; groups %v; group \"\" %v\n", len(wmeta.Val()), wmeta.Val(), wp.Val(), groups.Val(), wg.Val())
+	return strings.ReplaceAll(b.String(), "\x1f", "|")
 }

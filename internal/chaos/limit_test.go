@@ -4,6 +4,7 @@ package chaos
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -12,7 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/tasklease/tasklease/jobs"
+	"github.com/tasklease/tasklease/taskkey"
 )
 
 // limitedReq is a write of the limited job at the recorder: key lN, its
@@ -192,6 +196,34 @@ func TestParseSlots(t *testing.T) {
 	for _, bad := range []string{"", "remote", "remote:1", "remote:x:1", ":1:2", "remote:1:2,"} {
 		if _, err := parseSlots(bad); err == nil {
 			t.Errorf("parseSlots(%q) accepted", bad)
+		}
+	}
+}
+
+// A stuck limited key's report shows its record, its entries and the
+// limiter's state.
+func TestLimitedStateDescribesRecordEntriesAndLimiter(t *testing.T) {
+	h := checkerHarness(t)
+	ctx := context.Background()
+	k := taskkey.MustNew("l01", limitedScope)
+	p := h.ks.Partition(k)
+	entry := "bR1\x1fl01|limited\x1fmanual"
+	base := "{" + keyPrefix + ":limiter:" + limiterName + "}"
+	for _, err := range []error{
+		h.rdb.HSet(ctx, h.ks.Task(k), "runId", "R1", "status", "running").Err(),
+		h.rdb.ZAdd(ctx, h.ks.Taken(p), redis.Z{Score: 1, Member: entry}).Err(),
+		h.rdb.ZAdd(ctx, base+":slots", redis.Z{Score: 0, Member: "0"}).Err(),
+		h.rdb.HSet(ctx, base+":holders", "0", "o\x1f7\x1fh\x1fb\x1f\x1f"+entry).Err(),
+		h.rdb.HSet(ctx, base, "token", "7", "n", "1").Err(),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := h.limitedState(ctx, k)
+	for _, want := range []string{"status:running", "taken " + h.ks.Taken(p) + " holds", "slot 0 expires in", "o|7|h|b||bR1|l01|limited|manual", "token:7"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("limitedState lacks %q:\n%s", want, got)
 		}
 	}
 }
