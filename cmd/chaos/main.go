@@ -5,13 +5,15 @@
 // SIGSTOPs them past their lease TTL, pauses Redis past it, and restarts
 // or fails over Redis; then it checks that no key is stuck, tokens
 // never go backwards, no process an exec stage started survives, every
-// subject gets exactly one request per cron occurrence, and no two
-// executions of a key overlap unless the older one was refused.
+// subject gets exactly one request per cron occurrence, no two
+// executions of a key overlap unless the older one was refused, and a
+// limited job never has more than --limit writers accepted at once by its
+// fencing downstream (the full list: docs/correctness.md).
 //
 // Usage, from the repository:
 //
 //	go run ./cmd/chaos [--duration 45s] [--runners 3] [--keys 200] [--topology single|sentinel|cluster]
-//	                   [--seed N] [--json] [--runner-bin PATH] [--keep-logs DIR]
+//	                   [--limit 5] [--seed N] [--json] [--runner-bin PATH] [--keep-logs DIR]
 //
 // It builds the runner into a temporary directory unless --runner-bin
 // names one, and needs redis-server on PATH. Progress goes to stderr; the
@@ -67,6 +69,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	runners := fs.Int("runners", chaos.RunnersDefault, "runner processes at once")
 	keys := fs.Int("keys", 200, "subjects of the bulk job (keys/2 runs live per partition per cron occurrence)")
 	burst := fs.Int("exec-burst", chaos.ExecBurstDefault, "long exec stages made live at once a fifth into the run, before the runner holding most of them is SIGKILLed (negative: none)")
+	limit := fs.Int("limit", chaos.LimitDefault, fmt.Sprintf("concurrency of the limiter the limited job holds a slot of (1 to %d): never more than this many of its executions may have writes accepted at once", chaos.LimitMax))
 	topo := fs.String("topology", chaos.TopologyDefault, `Redis deployment under test: single (AOF everysec), sentinel (a primary, two replicas, three Sentinels) or cluster (3 masters + 3 replicas)`)
 	seed := fs.Int64("seed", 0, "seed of the random choices (0: from the clock); the report says which to replay")
 	asJSON := fs.Bool("json", false, "print the report as one JSON object")
@@ -85,6 +88,10 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	}
 	if *runners < 1 || *keys < 1 {
 		fmt.Fprintln(stderr, "chaos: --runners and --keys must be at least 1")
+		return exitFailed
+	}
+	if *limit < 1 || *limit > chaos.LimitMax {
+		fmt.Fprintf(stderr, "chaos: --limit must be 1 to %d\n", chaos.LimitMax)
 		return exitFailed
 	}
 	if _, err := exec.LookPath("redis-server"); err != nil {
@@ -127,15 +134,15 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	t.Logf("seed %d, chaos for %v with %d runners and %d bulk keys on %s Redis", *seed, *dur, *runners, *keys, *topo)
 	rep, err := chaos.Run(t, chaos.Options{
 		Duration: *dur, Runners: *runners, Keys: *keys, Seed: *seed, ExecBurst: *burst,
-		RunnerBin: bin, Topology: *topo, KeepLogs: *keepLogs,
+		RunnerBin: bin, Topology: *topo, KeepLogs: *keepLogs, Limit: *limit,
 	})
 	t.runCleanups()
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return exitFailed
 	}
-	replay := fmt.Sprintf("go run ./cmd/chaos --seed %d --duration %v --runners %d --keys %d --exec-burst %d --topology %s",
-		rep.Seed, *dur, rep.Runners, rep.Keys, *burst, rep.Topology)
+	replay := fmt.Sprintf("go run ./cmd/chaos --seed %d --duration %v --runners %d --keys %d --exec-burst %d --limit %d --topology %s",
+		rep.Seed, *dur, rep.Runners, rep.Keys, *burst, rep.Limit, rep.Topology)
 	last := fmt.Sprintf("chaos: topology=%s runs=%d faults=%d violations=%d", rep.Topology, rep.Runs, rep.Faults, rep.Violations)
 	if *asJSON {
 		if err := json.NewEncoder(stdout).Encode(rep); err != nil {

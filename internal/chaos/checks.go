@@ -64,9 +64,13 @@ func (h *harness) drain(timeout time.Duration) (time.Duration, map[string]int) {
 	}
 	for _, k := range pending {
 		v := views[k.String()]
-		h.viol.add(checkStuck, "key %s still %s (stage %q, attempt %d/%d, owner %q, token %d, waiting %q, lastError %q) %v after the faults stopped\n%s%s",
+		extra := ""
+		if k.Scope() == limitedScope {
+			extra = h.limitedState(context.Background(), k)
+		}
+		h.viol.add(checkStuck, "key %s still %s (stage %q, attempt %d/%d, owner %q, token %d, waiting %q, lastError %q) %v after the faults stopped\n%s%s%s",
 			k, v.Status, v.Stage, v.Attempt, v.MaxAttempts, v.Owner, v.FencingToken, v.Waiting, v.LastError, timeout,
-			historyLines(context.Background(), h.rdb, h.ks, k, 25), h.rec.lines(k.String(), 8))
+			historyLines(context.Background(), h.rdb, h.ks, k, 25), h.rec.lines(k.String(), 8), extra)
 	}
 	return time.Since(start), final
 }

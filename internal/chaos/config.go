@@ -28,10 +28,15 @@ sleep 5
 echo "end $TASKLEASE_KEY $TASKLEASE_FENCING_TOKEN $TASKLEASE_RUN_ID $(date +%s%N) $CHAOS_RUNNER" >> "$CHAOS_EXEC_LOG"`
 
 // runnerConfig is the runners' YAML: bulk (http stage to the recorder),
-// sync (the exec stage), and, with cron, bulk every second for every
-// subject. Where Redis is comes from the environment the topology gives
-// the runners (topology.runnerEnv).
-func runnerConfig(recorderURL string, cron bool, every string) string {
+// sync (the exec stage), burst, limited (two http stages to the
+// recorder's limited route, each run holding a slot of the limiter
+// "remote" of concurrency limit), and, with cron, bulk every second for
+// every subject. Where Redis is comes from the environment the topology
+// gives the runners (topology.runnerEnv). The limited job's requests name
+// the runner incarnation that sent them (limitedRunnerHeader), so the
+// report can tell which refused writes came from a runner that was
+// SIGSTOPped.
+func runnerConfig(recorderURL string, cron bool, every string, limit int) string {
 	cfg := fmt.Sprintf(`redis:
   url: "${TASKLEASE_REDIS_URL:-}"
   addrs: [${TASKLEASE_REDIS_ADDRS:-}]
@@ -46,6 +51,8 @@ log:
   level: info
 retention: 1h
 historyCap: 2000
+limiters:
+  %s: {concurrency: %d}
 jobs:
   bulk:
     onConflict: join
@@ -71,7 +78,18 @@ jobs:
         exec: ["sh", "-c", %q]
         timeout: 20s
         killGrace: 300ms
-`, recorderURL+"/push", execScript, burstScript)
+  limited:
+    onConflict: join
+    foreground: true
+    limiters: [%s]
+    retry: {maxAttempts: 3, backoff: 100ms, maxBackoff: 500ms}
+    stages:
+      - name: pull
+        http: {url: %q, timeout: 10s, headers: {%s: "${CHAOS_RUNNER:-}"}}
+      - name: push
+        http: {url: %q, timeout: 10s, headers: {%s: "${CHAOS_RUNNER:-}"}}
+`, limiterName, limit, recorderURL+"/push", execScript, burstScript,
+		limiterName, recorderURL+limitedPath, limitedRunnerHeader, recorderURL+limitedPath, limitedRunnerHeader)
 	if cron {
 		cfg += fmt.Sprintf(`schedules:
   - name: %s

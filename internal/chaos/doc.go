@@ -2,8 +2,10 @@
 // `runner serve` processes on a real Redis topology (topology.go: one
 // server, Sentinel, Cluster), an http job (bulk) whose downstream checks
 // fencing tokens, an exec job (sync) whose stage daemonises helpers and
-// sometimes outlives its timeout, and a cron schedule on bulk for every
-// subject. It submits and cancels at random through the runners' APIs
+// sometimes outlives its timeout, a limited job (limited: two http stages
+// holding a slot of the limiter "remote", whose downstream also fences
+// each write by its slot and slot token), and a cron schedule on bulk for
+// every subject. It submits and cancels at random through the runners' APIs
 // while it SIGKILLs runners (the cron leader mid-fan-out among them),
 // SIGSTOPs them past their lease TTL, pauses Redis writes past it, and
 // makes the topology's Redis faults happen (restarts, a lost disk,
@@ -17,7 +19,11 @@
 //  5. no two executions of a key overlap unless the older one was refused;
 //  6. every accepted request is reflected in a run that ended or is still
 //     active (accepted.go; requests a Redis fault may have lost excepted);
-//  7. no stage of a run executes again once the run is done (rerun.go).
+//  7. no stage of a run executes again once the run is done (rerun.go);
+//  8. a paused scope's runs are never granted (pause.go);
+//  9. never more than N (Options.Limit) executions of the limited job have
+//     writes accepted at once, each counted from its first accepted write
+//     to its last (limit.go).
 //
 // Run does all of it and returns a Report; `go run ./cmd/chaos` and
 // TestChaosE2E (cmd/runner) are thin wrappers around it. The harness needs

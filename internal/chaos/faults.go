@@ -79,6 +79,12 @@ func (h *harness) faults(dur time.Duration, long bool) {
 			case r < 2:
 				h.kill(p)
 			case r < 4:
+				// Freeze a holder of the limited job's slots when one is
+				// writing: its slots expire and go to waiting runs, and
+				// its late writes must be refused (check 9).
+				if q := h.byMarker(h.rec.limitedHolder()); q != nil {
+					p = q
+				}
 				h.stop(p, time.Duration(1500+h.rng.IntN(1500))*time.Millisecond)
 				lastCont = time.Now()
 			default:

@@ -5,6 +5,7 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -26,6 +27,8 @@ const (
 	bulkScope    = "bulk"
 	syncScope    = "sync"
 	burstScope   = "burst"
+	limitedScope = "limited"
+	limiterName  = "remote" // the limiter the limited job holds a slot of
 	historyCap   = 2000
 	partitions   = 2
 	syncN        = 12 // subjects of the sync job
@@ -71,6 +74,8 @@ type harness struct {
 	http                    *http.Client // the load's and the checker's: a stopped runner must not hang them
 	viol                    violations
 	bulk, syncs, bursts     []string
+	limited                 []string // subjects of the limited job
+	limit                   int      // the concurrency of limiterName
 	keys                    []taskkey.Key
 	ids                     []string
 	outages                 []outage // the Redis faults, in order (main goroutine, then the checks)
@@ -142,7 +147,7 @@ func newHarness(t redistest.T, opts Options, topo topology) (*harness, error) {
 	}
 	dir := t.TempDir()
 	h := &harness{t: t, logfn: opts.Logf, seed: opts.Seed, rng: rand.New(rand.NewPCG(uint64(opts.Seed), 1)),
-		dir: dir, bin: opts.RunnerBin, execLog: dir + "/exec.log", nonce: fmt.Sprintf("chaos%x", rand.Uint64()),
+		limit: opts.Limit, dir: dir, bin: opts.RunnerBin, execLog: dir + "/exec.log", nonce: fmt.Sprintf("chaos%x", rand.Uint64()),
 		topo: topo, rdb: topo.client(), ks: ks, http: &http.Client{Timeout: 3 * time.Second},
 		runners: map[string]*runnerProc{}, outc: map[string]int{}, killed: map[int64]int{}, states: []map[int64]occState{{}},
 		stateKey: "{" + keyPrefix + ":cron:" + scheduleName + "}:fanout", leaderKey: keyPrefix + ":cron:leader",
@@ -158,6 +163,10 @@ func newHarness(t redistest.T, opts Options, topo topology) (*harness, error) {
 	for i := range syncN {
 		h.syncs = append(h.syncs, fmt.Sprintf("s%02d", i))
 		h.keys = append(h.keys, taskkey.MustNew(h.syncs[i], syncScope))
+	}
+	for i := range limitedN {
+		h.limited = append(h.limited, fmt.Sprintf("l%02d", i))
+		h.keys = append(h.keys, taskkey.MustNew(h.limited[i], limitedScope))
 	}
 	for i := range max(opts.ExecBurst, 0) {
 		h.bursts = append(h.bursts, fmt.Sprintf("b%03d", i))
@@ -193,10 +202,10 @@ func (h *harness) run(opts Options) (Report, error) {
 		every = "2s" // keeps a key's history within historyCap
 	}
 	var err error
-	if h.cfgCron, err = h.writeConfig("chaos.yaml", runnerConfig(h.rec.url, true, every)); err != nil {
+	if h.cfgCron, err = h.writeConfig("chaos.yaml", runnerConfig(h.rec.url, true, every, h.limit)); err != nil {
 		return Report{}, err
 	}
-	if h.cfgPlain, err = h.writeConfig("chaos-nocron.yaml", runnerConfig(h.rec.url, false, every)); err != nil {
+	if h.cfgPlain, err = h.writeConfig("chaos-nocron.yaml", runnerConfig(h.rec.url, false, every, h.limit)); err != nil {
 		return Report{}, err
 	}
 
@@ -278,6 +287,7 @@ func (h *harness) run(opts Options) (Report, error) {
 	acceptedChecked := h.checkAccepted()
 	rerunChecked := h.checkRerun(reqs, execLines)
 	pausesChecked := h.checkPause(final)
+	lim := h.checkLimit(reqs)
 
 	// Figures.
 	runs := map[string]bool{}
@@ -324,6 +334,13 @@ func (h *harness) run(opts Options) (Report, error) {
 		Aborted: byOutcome[recAborted], NoKeyHeader: noKeyHeader, PeakLivePerPartition: h.rec.peaks(),
 		ExecRuns: execRuns, ExecOverlapsExplained: execOverlaps, AcceptedChecked: acceptedChecked,
 		RerunChecked: rerunChecked, PausesChecked: pausesChecked,
+		Limit: h.limit, LimitedKeys: len(h.limited), LimitedWrites: lim.writes, LimitedAccepted: lim.accepted,
+		LimitedExecutions: lim.executions, MaxAcceptedConcurrency: lim.maxConcurrent,
+		SecondsAtLimit:    math.Round(lim.atLimit*10) / 10,
+		RefusedLateWrites: lim.refusedLate, RefusedLateAfterStop: lim.refusedAfterStop,
+		RefusedLateAfterPause: lim.refusedAfterPause, LimitedRefusedByKey: lim.refusedByKey,
+		LimitedAborted: lim.aborted, SlotTokensBehindFaults: lim.behindFaults, RefusedBehindFaults: lim.refusedBehind,
+		SlotTokensBehindExample: lim.behindExample, SlotTokensTwice: lim.tokensTwice, SlotTokensTwiceExample: lim.tokensTwiceExample,
 		Submits: int(h.submits.Load()), ForegroundHooks: int(h.fgs.Load()), Cancels: int(h.cancels.Load()),
 		APIErrors:    int(h.errs.Load()),
 		DrainSeconds: drained.Round(time.Millisecond).Seconds(), FinalStatuses: finalStatus,

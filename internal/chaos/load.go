@@ -79,44 +79,48 @@ func (h *harness) load(ctx context.Context, worker int) {
 		bulkSubj, syncSubj := h.bulk[rng.IntN(len(h.bulk))], h.syncs[rng.IntN(len(h.syncs))]
 		var err error
 		var res jobs.SubmitResult
-		switch r := rng.IntN(100); {
-		case r < 35, r >= 45 && r < 70:
-			subj, scope := bulkSubj, bulkScope
-			if r >= 45 {
-				subj, scope = syncSubj, syncScope
-			}
-			src := []string{"manual", "manual", "foreground"}[rng.IntN(3)]
-			sent := time.Now()
-			_, err = h.post(base+taskPath(subj, scope)+"/runs",
-				fmt.Sprintf(`{"source":%q,"policy":%q}`, src, policies[rng.IntN(len(policies))]), &res)
-			if err == nil {
-				h.acc.submit(taskkey.MustNew(subj, scope), sent, res)
-				h.submits.Add(1)
-				h.mu.Lock()
-				h.outc[string(res.Outcome)]++
-				h.mu.Unlock()
-			}
-		case r < 45, r >= 70 && r < 80:
-			subj, scope := bulkSubj, bulkScope
-			if r >= 70 {
-				subj, scope = syncSubj, syncScope
-			}
-			_, err = h.post(base+"/v1/hooks/foreground", fmt.Sprintf(`{"subject":%q,"scopes":[%q]}`, subj, scope), nil)
-			if err == nil {
-				h.fgs.Add(1)
-			}
-		default:
-			subj, scope := bulkSubj, bulkScope
-			if r >= 90 {
-				subj, scope = syncSubj, syncScope
-			}
-			var cres struct {
-				Outcome jobs.CancelOutcome `json:"outcome"`
-			}
-			_, err = h.post(base+taskPath(subj, scope)+"/cancel", "", &cres)
-			if err == nil {
-				h.acc.cancel(taskkey.MustNew(subj, scope), cres.Outcome)
-				h.cancels.Add(1)
+		if rng.IntN(100) < limitedShare {
+			err = h.loadLimited(base, rng, policies)
+		} else {
+			switch r := rng.IntN(100); {
+			case r < 35, r >= 45 && r < 70:
+				subj, scope := bulkSubj, bulkScope
+				if r >= 45 {
+					subj, scope = syncSubj, syncScope
+				}
+				src := []string{"manual", "manual", "foreground"}[rng.IntN(3)]
+				sent := time.Now()
+				_, err = h.post(base+taskPath(subj, scope)+"/runs",
+					fmt.Sprintf(`{"source":%q,"policy":%q}`, src, policies[rng.IntN(len(policies))]), &res)
+				if err == nil {
+					h.acc.submit(taskkey.MustNew(subj, scope), sent, res)
+					h.submits.Add(1)
+					h.mu.Lock()
+					h.outc[string(res.Outcome)]++
+					h.mu.Unlock()
+				}
+			case r < 45, r >= 70 && r < 80:
+				subj, scope := bulkSubj, bulkScope
+				if r >= 70 {
+					subj, scope = syncSubj, syncScope
+				}
+				_, err = h.post(base+"/v1/hooks/foreground", fmt.Sprintf(`{"subject":%q,"scopes":[%q]}`, subj, scope), nil)
+				if err == nil {
+					h.fgs.Add(1)
+				}
+			default:
+				subj, scope := bulkSubj, bulkScope
+				if r >= 90 {
+					subj, scope = syncSubj, syncScope
+				}
+				var cres struct {
+					Outcome jobs.CancelOutcome `json:"outcome"`
+				}
+				_, err = h.post(base+taskPath(subj, scope)+"/cancel", "", &cres)
+				if err == nil {
+					h.acc.cancel(taskkey.MustNew(subj, scope), cres.Outcome)
+					h.cancels.Add(1)
+				}
 			}
 		}
 		if err != nil {
@@ -127,6 +131,48 @@ func (h *harness) load(ctx context.Context, worker int) {
 		case <-time.After(time.Duration(20+rng.IntN(40)) * time.Millisecond):
 		}
 	}
+}
+
+// limitedShare is the percentage of the load's requests that go to the
+// limited job: a modest share, enough to keep its limiter's slots busy
+// (about 3 submits a second for runs that hold a slot about 2 s).
+const limitedShare = 15
+
+// loadLimited is one request of the load for the limited job: a submit
+// (seven in ten), a foreground hook or a cancel, for a random subject.
+func (h *harness) loadLimited(base string, rng *rand.Rand, policies []string) error {
+	subj := h.limited[rng.IntN(len(h.limited))]
+	switch r := rng.IntN(10); {
+	case r < 7:
+		var res jobs.SubmitResult
+		src := []string{"manual", "manual", "foreground"}[rng.IntN(3)]
+		sent := time.Now()
+		_, err := h.post(base+taskPath(subj, limitedScope)+"/runs",
+			fmt.Sprintf(`{"source":%q,"policy":%q}`, src, policies[rng.IntN(len(policies))]), &res)
+		if err != nil {
+			return err
+		}
+		h.acc.submit(taskkey.MustNew(subj, limitedScope), sent, res)
+		h.submits.Add(1)
+		h.mu.Lock()
+		h.outc[string(res.Outcome)]++
+		h.mu.Unlock()
+	case r < 8:
+		if _, err := h.post(base+"/v1/hooks/foreground", fmt.Sprintf(`{"subject":%q,"scopes":[%q]}`, subj, limitedScope), nil); err != nil {
+			return err
+		}
+		h.fgs.Add(1)
+	default:
+		var cres struct {
+			Outcome jobs.CancelOutcome `json:"outcome"`
+		}
+		if _, err := h.post(base+taskPath(subj, limitedScope)+"/cancel", "", &cres); err != nil {
+			return err
+		}
+		h.acc.cancel(taskkey.MustNew(subj, limitedScope), cres.Outcome)
+		h.cancels.Add(1)
+	}
+	return nil
 }
 
 // pollState records the cron fan-out state of each occurrence (its claim

@@ -37,7 +37,18 @@ const (
 
 	// TopologyDefault is one redis-server.
 	TopologyDefault = TopologySingle
+
+	// LimitDefault is the concurrency of the limiter the limited job uses
+	// (Options.Limit).
+	LimitDefault = 5
+
+	// LimitMax bounds Limit: the limited job has limitedN subjects, and a
+	// limit that its runs cannot reach checks nothing.
+	LimitMax = limitedN / 2
 )
+
+// limitedN is the number of subjects of the limited job.
+const limitedN = 32
 
 // Options configures Run. The zero value of every field but RunnerBin
 // takes its default.
@@ -63,6 +74,12 @@ type Options struct {
 	// processes must be gone within 5 s while the others keep their
 	// leases. Default ExecBurstDefault; negative: no burst.
 	ExecBurst int
+
+	// Limit is the concurrency of the fleet-wide limiter "remote" that the
+	// limited job uses: at no instant may more than Limit of its
+	// executions have writes accepted by their fencing downstream (check
+	// 9). Default LimitDefault, at most LimitMax.
+	Limit int
 
 	// Seed drives every random choice: the fault schedule, the load, the
 	// recorder's hold times. A run with the same Seed, Keys and Runners
@@ -97,6 +114,7 @@ func (o Options) withDefaults() Options {
 	o.Keys = cmp.Or(o.Keys, KeysDefault)
 	o.ExecBurst = cmp.Or(o.ExecBurst, ExecBurstDefault)
 	o.Topology = cmp.Or(o.Topology, TopologyDefault)
+	o.Limit = cmp.Or(o.Limit, LimitDefault)
 	if o.Seed == 0 {
 		o.Seed = time.Now().UnixNano()
 	}
@@ -114,6 +132,9 @@ func (o Options) validate() error {
 	}
 	if o.Keys < 1 {
 		errs = append(errs, fmt.Errorf("keys %d: want at least 1", o.Keys))
+	}
+	if o.Limit < 1 || o.Limit > LimitMax {
+		errs = append(errs, fmt.Errorf("limit %d: want 1 to %d", o.Limit, LimitMax))
 	}
 	if o.RunnerBin == "" {
 		errs = append(errs, errors.New("RunnerBin: the path of a built runner binary is required"))

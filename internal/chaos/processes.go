@@ -167,6 +167,16 @@ func (h *harness) current() []*runnerProc {
 	return out
 }
 
+// byMarker returns the current runner incarnation with marker m, or nil.
+func (h *harness) byMarker(m string) *runnerProc {
+	for _, p := range h.current() {
+		if m != "" && p.marker == m {
+			return p
+		}
+	}
+	return nil
+}
+
 func (h *harness) allRunners() []*runnerProc {
 	h.mu.Lock()
 	defer h.mu.Unlock()

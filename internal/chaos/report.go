@@ -102,6 +102,47 @@ type Report struct {
 	// of its runs (check 8); those overlapping a Redis fault are not.
 	PausesChecked int `json:"pausesChecked"`
 
+	// The limited job (check 9): Limit is the concurrency of its limiter,
+	// LimitedKeys its subjects. LimitedWrites are its requests at the
+	// recorder, LimitedAccepted those accepted, LimitedExecutions the
+	// executions (lease grants of its runs) with an accepted write.
+	// MaxAcceptedConcurrency is the most executions with accepted writes
+	// at one instant (each from its first accepted write to its last):
+	// with the limit binding it equals Limit, above it is a violation.
+	// SecondsAtLimit is how long Limit of them were.
+	Limit                  int     `json:"limit"`
+	LimitedKeys            int     `json:"limitedKeys"`
+	LimitedWrites          int     `json:"limitedWrites"`
+	LimitedAccepted        int     `json:"limitedAccepted"`
+	LimitedExecutions      int     `json:"limitedExecutions"`
+	MaxAcceptedConcurrency int     `json:"maxAcceptedConcurrency"`
+	SecondsAtLimit         float64 `json:"secondsAtLimit"`
+	// RefusedLateWrites are the limited job's writes refused by the slot
+	// fence because a newer holder of their slot had written: late writes
+	// of a holder whose slot expired (SIGSTOP, CLIENT PAUSE, a lost
+	// renewal). RefusedLateAfterStop are those of them whose runner was
+	// SIGSTOPped while the write was held or in the 5 s before it
+	// arrived, RefusedLateAfterPause those near a CLIENT PAUSE of Redis.
+	RefusedLateWrites     int `json:"refusedLateWrites"`
+	RefusedLateAfterStop  int `json:"refusedLateAfterStop"`
+	RefusedLateAfterPause int `json:"refusedLateAfterPause"`
+	// LimitedRefusedByKey are its writes refused by the key's fencing
+	// token, LimitedAborted those its runner gave up.
+	LimitedRefusedByKey int `json:"limitedRefusedByKey"`
+	LimitedAborted      int `json:"limitedAborted"`
+	// SlotTokensBehindFaults counts its executions that began after a
+	// Redis fault with a slot token not above every token of the limiter
+	// seen before the fault (the limiter's token went back with the data
+	// Redis lost), RefusedBehindFaults their writes refused by the slot
+	// fence (not counted in RefusedLateWrites); SlotTokensBehindExample
+	// describes the first. SlotTokensTwice counts slot tokens held by two
+	// executions, SlotTokensTwiceExample the first.
+	SlotTokensBehindFaults  int    `json:"slotTokensBehindFaults"`
+	RefusedBehindFaults     int    `json:"refusedBehindFaults"`
+	SlotTokensBehindExample string `json:"slotTokensBehindExample,omitempty"`
+	SlotTokensTwice         int    `json:"slotTokensTwice"`
+	SlotTokensTwiceExample  string `json:"slotTokensTwiceExample,omitempty"`
+
 	// The load, through the runners' APIs.
 	Submits         int            `json:"submits"`
 	SubmitOutcomes  map[string]int `json:"submitOutcomes"`
@@ -158,6 +199,16 @@ func (r Report) Summary() []string {
 			r.AcceptedChecked),
 		fmt.Sprintf("reruns: %d stage executions checked for starting after their run was done", r.RerunChecked),
 		fmt.Sprintf("pauses: %d pauses of the sync scope checked for no lease granted to its runs", r.PausesChecked),
+		fmt.Sprintf("limited: limit %d, max accepted concurrency %d (at the limit for %.1fs), %d executions accepted over %d keys; %d writes, accepted %d, refused late %d (by the slot fence; of them after a SIGSTOP of their runner %d, near a CLIENT PAUSE %d), refused by the key fence %d, aborted by the runner %d",
+			r.Limit, r.MaxAcceptedConcurrency, r.SecondsAtLimit, r.LimitedExecutions, r.LimitedKeys, r.LimitedWrites, r.LimitedAccepted,
+			r.RefusedLateWrites, r.RefusedLateAfterStop, r.RefusedLateAfterPause, r.LimitedRefusedByKey, r.LimitedAborted),
+	}
+	if r.SlotTokensBehindFaults > 0 {
+		lines = append(lines, fmt.Sprintf("limited: %d executions began after a Redis fault with a slot token not above the limiter's earlier ones, and %d of their writes were refused by the slot fence; the first: %s",
+			r.SlotTokensBehindFaults, r.RefusedBehindFaults, r.SlotTokensBehindExample))
+	}
+	if r.SlotTokensTwice > 0 {
+		lines = append(lines, fmt.Sprintf("limited: %d slot tokens were held by two executions; the first: %s", r.SlotTokensTwice, r.SlotTokensTwiceExample))
 	}
 	for _, f := range r.RedisFaults {
 		lines = append(lines, fmt.Sprintf("redis fault at %.1fs: %s, serving again after %v", f.AtSeconds, f.Kind, seconds(f.ServingAfterSeconds)))

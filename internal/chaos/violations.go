@@ -19,6 +19,7 @@ const (
 	checkAccepted   = "6 every accepted request is reflected"
 	checkRerun      = "7 no stage runs again once its run is done"
 	checkPause      = "8 a paused scope's runs are never granted"
+	checkLimit      = "9 never more than N accepted concurrent writers"
 )
 
 // detailsPerCheck is how many violations of one check the report details.
