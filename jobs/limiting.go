@@ -387,6 +387,7 @@ func (r *Runner) waitingText(d *limiterDef, why string, at int64) string {
 // starts back (refunding the rate); the runs the limiters reserve for
 // this runner in return are returned to be admitted.
 func (r *Runner) claimAdmitted(ctx context.Context, ready []*admission) (more []*admission) {
+	ready = r.refreshStale(ctx, ready)
 	byP := map[int][]*admission{}
 	var ps []int
 	for _, a := range ready {
@@ -541,6 +542,64 @@ func (r *Runner) giveBack(as []*admission) {
 		r.releaseGrants(context.Background(), a.grants, a.e.id, 0, true, 0)
 		r.release(1)
 	}
+}
+
+// staleAfter: an admission whose first slot was taken longer ago than a
+// sixth of its shortest slot TTL renews its slots before its claim, since
+// its lease's keeper counts from then (a loaded runner, a reservation
+// handed on through several limiters): otherwise the run could be given
+// up as lost right after its claim.
+func (r *Runner) stale(a *admission) bool {
+	for _, g := range a.grants {
+		if time.Since(a.sent) > r.slotTTL(g.lim)/6 {
+			return true
+		}
+	}
+	return false
+}
+
+// refreshStale renews the slots of stale admissions (one round trip) and
+// counts them from then; an admission whose slot is no longer its own is
+// given up (its entry is reclaimed).
+func (r *Runner) refreshStale(ctx context.Context, ready []*admission) []*admission {
+	var calls []*scriptCall
+	var of []*admission
+	for _, a := range ready {
+		if !r.stale(a) {
+			continue
+		}
+		cs := r.renewCalls(a.grants, a.e.id)
+		calls = append(calls, cs...)
+		for range cs {
+			of = append(of, a)
+		}
+	}
+	if len(calls) == 0 {
+		return ready
+	}
+	sent := time.Now()
+	cctx, cancel := granting(ctx, r.cfg.LeaseTTL)
+	_ = evalGrouped(cctx, r.reg.gc, calls) // each call's error is in its cmd
+	cancel()
+	lost := map[*admission]bool{}
+	for i, c := range calls {
+		if n, err := c.cmd.Int64(); err != nil || n != 1 {
+			lost[of[i]] = true
+		}
+	}
+	out := ready[:0:0]
+	for _, a := range ready {
+		switch {
+		case lost[a]:
+			r.abandon([]*admission{a}, 1)
+		case r.stale(a):
+			a.sent = sent
+			out = append(out, a)
+		default:
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // renewCalls are the limiter_renew.lua calls that renew a run's slots
