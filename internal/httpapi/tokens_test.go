@@ -8,9 +8,11 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -434,4 +436,111 @@ func TestSubjectHubDeliversBySubject(t *testing.T) {
 	if h.n != 0 || len(h.streams) != 0 || h.cancel != nil {
 		t.Fatalf("hub not empty after every leave: n=%d streams=%d", h.n, len(h.streams))
 	}
+}
+
+// FuzzSubjectAuthorization sends a fuzzed token and subject through the
+// whole handler (authentication, routing, authorization) on the six
+// subject routes and three operator routes. Whatever the inputs: no panic,
+// no 5xx; a 200 means the token verified and, for a subject token, that the
+// route is its own subject's; any other answer changes nothing; no answer
+// quotes the token.
+func FuzzSubjectAuthorization(f *testing.F) {
+	good := signHS(f, []byte(appSecret), claims("u42"))
+	for _, s := range []struct {
+		token, subject string
+		route          uint8
+	}{
+		{good, "u42", 0}, {good, "u4", 0}, {good, "u4", 1}, {good, "u420", 3}, {good, "u42%7Cx", 2}, {good, "u42%2Fx", 3}, {good, "U42", 4},
+		{good, "u%342", 5}, {good, "u42", 6}, {good, "u42", 7}, {opToken, "u1", 0}, {readTok, "u1", 3},
+		{good + "x", "u42", 1}, {unsigned(claims("u42")), "u42", 0}, {"a.b.c", "u42", 0}, {"..", "", 2},
+		{signHS(f, []byte(appSecret), claims("u42", "exp", 0)), "u42", 0},
+	} {
+		f.Add(s.token, s.subject, s.route)
+	}
+	v, err := apptoken.NewVerifier(f.Context(), apptoken.Config{HMACSecret: appSecret, Issuer: appIssuer, Audience: appAudence})
+	if err != nil {
+		f.Fatal(err)
+	}
+	e := newEnv(f, envOpts{token: opToken, readToken: readTok, subjects: v, noServer: true, noMetrics: true})
+	f.Fuzz(func(t *testing.T, token, subject string, route uint8) {
+		if strings.ContainsAny(token, "\r\n\x00") || strings.ContainsFunc(subject, func(r rune) bool {
+			return r <= ' ' || r >= 0x7f || strings.ContainsRune("/?#\\", r)
+		}) {
+			return // not a header value, or not one path segment
+		}
+		var method, target, body string
+		switch route % 8 {
+		case 0:
+			method, target = "POST", "/v1/tasks/"+subject+"/course_sync/runs"
+		case 1:
+			method, target = "GET", "/v1/tasks/"+subject+"/course_sync"
+		case 2:
+			method, target = "GET", "/v1/tasks/"+subject+"/course_sync/history"
+		case 3:
+			method, target = "POST", "/v1/tasks/"+subject+"/course_sync/cancel"
+		case 4:
+			b, _ := json.Marshal(map[string]any{"subject": subject, "scopes": []string{"course_sync"}})
+			method, target, body = "POST", "/v1/hooks/foreground", string(b)
+		case 5:
+			method, target = "GET", "/v1/tasks?subject=u42"
+		case 6:
+			method, target = "POST", "/v1/scopes/course_sync/pause"
+		case 7:
+			method, target = "GET", "/v1/runners"
+		}
+		if _, err := url.ParseRequestURI(target); err != nil {
+			return
+		}
+		var rd io.Reader
+		if body != "" {
+			rd = strings.NewReader(body)
+		}
+		req := httptest.NewRequest(method, target, rd)
+		req.Host = testHost
+		if body != "" {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+		before := e.redisState()
+		w := httptest.NewRecorder()
+		e.h.ServeHTTP(w, req)
+		if w.Code >= 500 {
+			t.Fatalf("%s %s: %d %s", method, target, w.Code, w.Body)
+		}
+		if strings.TrimSpace(token) != "" && len(token) > 3 && strings.Contains(w.Body.String(), strings.TrimSpace(token)) {
+			t.Fatalf("answer quotes the token: %s", w.Body)
+		}
+		if w.Code != http.StatusOK {
+			// Refused (401, 403), or not routed or bad input (404, 400,
+			// a redirect): nothing may have changed.
+			if e.redisState() != before {
+				t.Fatalf("%s %s answered %d but changed Redis", method, target, w.Code)
+			}
+			return
+		}
+		tok := strings.TrimSpace(token)
+		if tok == opToken || tok == readTok && method == "GET" {
+			return
+		}
+		if tok == readTok {
+			t.Fatalf("read-only token served %s %s: %d", method, target, w.Code)
+		}
+		g, err := v.Verify(tok)
+		if err != nil {
+			t.Fatalf("%s %s served (%d) with a token that does not verify: %v", method, target, w.Code, err)
+		}
+		if route%8 >= 5 {
+			t.Fatalf("subject token served operator route %s %s: %d", method, target, w.Code)
+		}
+		// The mux unescapes the segment; the subject served must be g's.
+		served := subject
+		if route%8 != 4 {
+			if s, err := url.PathUnescape(subject); err == nil {
+				served = s
+			}
+		}
+		if served != g.Subject {
+			t.Fatalf("token of %q served subject %q: %s %s %d %s", g.Subject, served, method, target, w.Code, w.Body)
+		}
+	})
 }
