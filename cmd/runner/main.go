@@ -56,6 +56,8 @@ commands:
   runners                                                   live and recently gone runners
   limiters                                                  fleet-wide limiters: slots in use, rate, waiting runs, hold
   schedules                                                 next occurrence, last fan-out, leader
+  token     --subject S [--ttl 15m] [--scopes a,b] [--actions read,submit] [--config FILE]
+                                                            mint a subject token (HS256) from http.subjectTokens.hmacSecret or TASKLEASE_APP_SECRET
 
 client commands take --server URL (default $TASKLEASE_SERVER, else http://127.0.0.1:8080) and read the token from TASKLEASE_TOKEN.
 exit codes: 0 ok, 1 run failed, 2 bad usage or config, 3 Redis or server unreachable.
@@ -85,6 +87,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cmdServe(ctx, rest, stdout, stderr)
 	case "validate":
 		err = cmdValidate(rest, stdout, stderr)
+	case "token":
+		err = cmdToken(rest, stdout, stderr)
 	case "submit", "status", "tasks", "history", "cancel", "scopes", "pause", "resume", "runners", "limiters", "schedules":
 		err = cmdClient(ctx, cmd, rest, stdout, stderr)
 	case "help", "-h", "--help":

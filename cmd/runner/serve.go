@@ -22,6 +22,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tasklease/tasklease/internal/apptoken"
 	"github.com/tasklease/tasklease/internal/config"
 	"github.com/tasklease/tasklease/internal/httpapi"
 	"github.com/tasklease/tasklease/internal/tracing"
@@ -163,6 +164,14 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, spans io.W
 		}
 	}
 
+	var subjects *apptoken.Verifier
+	if st := cfg.HTTP.SubjectTokens; st.Enabled() {
+		vc := st.Verifier()
+		vc.Logger = log
+		if subjects, err = apptoken.NewVerifier(ctx, vc); err != nil {
+			return fail(exitUsage, "http.subjectTokens: %w", err)
+		}
+	}
 	if cfg.HTTP.Token == "" && !isLoopback(cfg.HTTP.Listen) {
 		log.Warn("HTTP API listens beyond loopback WITHOUT a token: anyone who can reach it can submit and cancel runs; set http.token",
 			slog.String("listen", cfg.HTTP.Listen))
@@ -184,8 +193,9 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, spans io.W
 		Metrics:        promhttp.HandlerFor(promReg, promhttp.HandlerOpts{}),
 		AllowedOrigins: cfg.HTTP.AllowedOrigins, AllowedHosts: hosts,
 		MaxEventClients: cfg.HTTP.MaxEventClients,
-		Schedules:       schedules,
-		TracerProvider:  tp,
+		ReadToken:       cfg.HTTP.ReadToken, Subjects: subjects, MaxSubjectStreams: cfg.HTTP.MaxSubjectStreams,
+		Schedules:      schedules,
+		TracerProvider: tp,
 	})
 	ln, err := net.Listen("tcp", cfg.HTTP.Listen)
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tasklease/tasklease/internal/apptoken"
 	"github.com/tasklease/tasklease/internal/httpapi"
 	"github.com/tasklease/tasklease/internal/keyspace"
 	"github.com/tasklease/tasklease/jobs"
@@ -35,6 +36,8 @@ const (
 	LeaseTTLMin = Duration(100 * time.Millisecond)
 	// MaxEventClientsDefault bounds concurrent GET /v1/events streams (100).
 	MaxEventClientsDefault = httpapi.MaxEventClientsDefault
+	// MaxSubjectStreamsDefault bounds concurrent subject streams (10,000).
+	MaxSubjectStreamsDefault = httpapi.MaxSubjectStreamsDefault
 	// maxConfigSize bounds what Parse reads; real configs are a few KiB.
 	maxConfigSize = 4 << 20
 )
@@ -135,6 +138,42 @@ type HTTP struct {
 	// MaxEventClients bounds the concurrent GET /v1/events streams
 	// (default 100); one more is answered 503.
 	MaxEventClients int `yaml:"maxEventClients"`
+	// ReadToken, when set, is a read-only operator token: the GET routes
+	// (the console without its actions); POSTs are answered 403.
+	ReadToken string `yaml:"readToken"`
+	// SubjectTokens let end users' apps call the API for their own subject
+	// with a JWT (docs/app-access.md).
+	SubjectTokens SubjectTokens `yaml:"subjectTokens"`
+	// MaxSubjectStreams bounds the concurrent
+	// GET /v1/subjects/{subject}/events streams (default 10,000), apart
+	// from maxEventClients; one more is answered 503.
+	MaxSubjectStreams int `yaml:"maxSubjectStreams"`
+}
+
+// SubjectTokens configures the verification of subject tokens: JWTs that
+// name one subject and open only its tasks (DESIGN §12). Set HMACSecret,
+// JWKSURL or both.
+type SubjectTokens struct {
+	// HMACSecret verifies HS256 tokens minted by the app's backend (or by
+	// runner token); at least 32 bytes.
+	HMACSecret string `yaml:"hmacSecret"`
+	// JWKSURL is an identity provider's JSON Web Key Set (https; http only
+	// on a loopback host); its keys verify RS*, PS*, ES* and EdDSA tokens,
+	// each with its own alg. Requires audience.
+	JWKSURL string `yaml:"jwksURL"`
+	// Issuer and Audience, when set, must equal the tokens' iss and aud.
+	Issuer   string `yaml:"issuer"`
+	Audience string `yaml:"audience"`
+	// SubjectClaim names the claim holding the subject (default sub).
+	SubjectClaim string `yaml:"subjectClaim"`
+}
+
+// Enabled reports whether subject tokens are accepted.
+func (s SubjectTokens) Enabled() bool { return s.HMACSecret != "" || s.JWKSURL != "" }
+
+// Verifier returns the apptoken configuration of s.
+func (s SubjectTokens) Verifier() apptoken.Config {
+	return apptoken.Config{HMACSecret: s.HMACSecret, JWKSURL: s.JWKSURL, Issuer: s.Issuer, Audience: s.Audience, SubjectClaim: s.SubjectClaim}
 }
 
 // Log configures log/slog output.
@@ -371,6 +410,12 @@ func (c *Config) applyDefaults() {
 	}
 	if c.HTTP.MaxEventClients == 0 {
 		c.HTTP.MaxEventClients = MaxEventClientsDefault
+	}
+	if c.HTTP.MaxSubjectStreams == 0 {
+		c.HTTP.MaxSubjectStreams = MaxSubjectStreamsDefault
+	}
+	if c.HTTP.SubjectTokens.Enabled() && c.HTTP.SubjectTokens.SubjectClaim == "" {
+		c.HTTP.SubjectTokens.SubjectClaim = apptoken.SubjectClaimDefault
 	}
 	if c.Log.Level == "" {
 		c.Log.Level = LogLevelDefault

@@ -1022,3 +1022,45 @@ func TestDebounceConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestHTTPAppAccess: http.readToken, http.subjectTokens and
+// http.maxSubjectStreams (DESIGN §12).
+func TestHTTPAppAccess(t *testing.T) {
+	secret := strings.Repeat("s", 32)
+	c := mustParse(t, `
+http:
+  token: op
+  readToken: ro
+  subjectTokens:
+    hmacSecret: `+secret+`
+    jwksURL: https://idp.example.com/.well-known/jwks.json
+    issuer: https://idp.example.com/
+    audience: tasklease
+  maxSubjectStreams: 500
+`)
+	st := c.HTTP.SubjectTokens
+	if c.HTTP.ReadToken != "ro" || st.HMACSecret != secret || st.Audience != "tasklease" || st.SubjectClaim != "sub" || c.HTTP.MaxSubjectStreams != 500 {
+		t.Errorf("http = %+v", c.HTTP)
+	}
+	if d := mustParse(t, "http: {}"); d.HTTP.MaxSubjectStreams != MaxSubjectStreamsDefault || d.HTTP.SubjectTokens.Enabled() {
+		t.Errorf("defaults %+v", d.HTTP)
+	}
+	mustParse(t, "http: {subjectTokens: {jwksURL: 'http://127.0.0.1:9/jwks', audience: a, subjectClaim: user_id}}")
+	for _, tt := range []struct{ yaml, path, msg string }{
+		{"http: {maxSubjectStreams: 0}", "http.maxSubjectStreams", "must be at least 1 (omit it for the default 10000)"},
+		{"http: {maxSubjectStreams: -2}", "http.maxSubjectStreams", "-2 must be at least 1"},
+		{"http: {token: a, readToken: a}", "http.readToken", "must differ from http.token"},
+		{"http: {readToken: \"a\\nb\"}", "http.readToken", "control characters"},
+		{"http: {subjectTokens: {hmacSecret: short}}", "http.subjectTokens.hmacSecret", "at least 32"},
+		{"http: {subjectTokens: {hmacSecret: ''}}", "http.subjectTokens.hmacSecret", "is empty (an unset environment variable?)"},
+		{"http: {subjectTokens: {audience: tasklease}}", "http.subjectTokens", "without hmacSecret or jwksURL"},
+		{"http: {token: " + secret + ", subjectTokens: {hmacSecret: " + secret + "}}", "http.subjectTokens.hmacSecret", "must differ"},
+		{"http: {subjectTokens: {jwksURL: 'https://idp.example.com/jwks'}}", "http.subjectTokens.audience", "required with jwksURL"},
+		{"http: {subjectTokens: {jwksURL: 'http://idp.example.com/jwks', audience: a}}", "http.subjectTokens.jwksURL", "must be https"},
+		{"http: {subjectTokens: {jwksURL: 'idp', audience: a}}", "http.subjectTokens.jwksURL", "is not a URL"},
+		{"http: {subjectTokens: {hmacSecret: " + secret + ", subjectClaim: exp}}", "http.subjectTokens.subjectClaim", "another meaning"},
+		{"http: {subjectTokens: {hmacSecret: " + secret + ", subjectclaim: x}}", "http.subjectTokens.subjectclaim", `did you mean "subjectClaim"`},
+	} {
+		wantProblem(t, problemsOf(t, tt.yaml), tt.path, tt.msg)
+	}
+}

@@ -37,6 +37,9 @@ func FuzzParse(f *testing.F) {
 		"jobs: {a: {debounce: 2m, debounceMax: 1m, stages: [{name: x, exec: [\"true\"]}]}}\n",
 		"jobs: {a: {debounce: -1s, stages: [{name: x, exec: [\"true\"]}]}}\n",
 		"runner: {execStarts: 0}\n",
+		"http: {token: a, readToken: b, maxSubjectStreams: 3, subjectTokens: {hmacSecret: 0123456789abcdef0123456789abcdef, issuer: i, audience: a, subjectClaim: uid}}\n",
+		"http: {readToken: a, token: a, subjectTokens: {jwksURL: \"http://idp/jwks\", subjectClaim: exp}, maxSubjectStreams: 0}\n",
+		"http: {subjectTokens: {hmacSecret: \"${TASKLEASE_APP_SECRET}\", audience: \"\"}}\n",
 		"limiters: {remote_store: {concurrency: 50, rate: 20/s, burst: 10, holdOnRetryAfter: true}}\n" +
 			"jobs: {a: {limiters: [remote_store], concurrency: 100, rate: 50/s, fairness: {groupBy: subjectPrefix, separator: \":\"}, stages: [{name: x, exec: [\"true\"]}]}}\n",
 		"limiters: {l: {rate: 5/m}, m: {concurrency: 1}}\njobs: {a: {limiters: [l, m], fairness: {groupBy: request}, stages: [{name: x, exec: [\"true\"]}]}}\n",

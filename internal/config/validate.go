@@ -15,6 +15,7 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/tasklease/tasklease/checkpoints"
+	"github.com/tasklease/tasklease/internal/apptoken"
 	"github.com/tasklease/tasklease/internal/httpapi"
 	"github.com/tasklease/tasklease/internal/keyspace"
 	"github.com/tasklease/tasklease/jobs"
@@ -54,6 +55,7 @@ func (c *Config) checkExplicitZeros(ps *problemSet) {
 	zero("runner.leaseTTL", c.Runner.LeaseTTL == 0, "must be at least "+LeaseTTLMin.String())
 	zero("http.bodyLimit", c.HTTP.BodyLimit == 0, "must be at least 1 byte")
 	zero("http.maxEventClients", c.HTTP.MaxEventClients == 0, fmt.Sprintf("must be at least 1 (omit it for the default %d)", MaxEventClientsDefault))
+	zero("http.maxSubjectStreams", c.HTTP.MaxSubjectStreams == 0, fmt.Sprintf("must be at least 1 (omit it for the default %d)", MaxSubjectStreamsDefault))
 	zero("retention", c.Retention == 0, "must be positive")
 	zero("historyCap", c.HistoryCap == 0, "must be at least 1")
 	zero("runner.shutdownGrace", c.Runner.ShutdownGrace == 0, "must be positive (omit it for the default 10s)")
@@ -250,6 +252,80 @@ func (c *Config) validateHTTP(ps *problemSet) {
 	if c.HTTP.MaxEventClients < 1 {
 		ps.addf("http.maxEventClients", "%d must be at least 1", c.HTTP.MaxEventClients)
 	}
+	if c.HTTP.MaxSubjectStreams < 1 {
+		ps.addf("http.maxSubjectStreams", "%d must be at least 1", c.HTTP.MaxSubjectStreams)
+	}
+	if strings.ContainsFunc(c.HTTP.ReadToken, isControl) {
+		ps.addf("http.readToken", "must not contain control characters or newlines")
+	}
+	if c.HTTP.ReadToken != "" && c.HTTP.ReadToken == c.HTTP.Token {
+		ps.addf("http.readToken", "must differ from http.token (a read-only token equal to the operator's would open every route)")
+	}
+	c.validateSubjectTokens(ps)
+}
+
+// validateSubjectTokens checks http.subjectTokens (docs/app-access.md).
+func (c *Config) validateSubjectTokens(ps *problemSet) {
+	const p = "http.subjectTokens"
+	st := c.HTTP.SubjectTokens
+	// A key written but empty is an unset environment variable, most
+	// likely: say so rather than run without subject tokens.
+	for _, k := range []struct {
+		key, v string
+	}{{"hmacSecret", st.HMACSecret}, {"jwksURL", st.JWKSURL}, {"issuer", st.Issuer}, {"audience", st.Audience}, {"subjectClaim", st.SubjectClaim}} {
+		if ps.set[p+"."+k.key] && strings.TrimSpace(k.v) == "" {
+			ps.addf(p+"."+k.key, "is empty (an unset environment variable?): set it or leave the key out")
+		}
+	}
+	if !st.Enabled() {
+		if st.Issuer != "" || st.Audience != "" || (st.SubjectClaim != "" && st.SubjectClaim != apptoken.SubjectClaimDefault) {
+			ps.addf(p, "issuer, audience or subjectClaim without hmacSecret or jwksURL: set one of them to accept subject tokens")
+		}
+		return
+	}
+	if st.HMACSecret != "" {
+		if len(st.HMACSecret) < apptoken.HMACSecretMin {
+			ps.addf(p+".hmacSecret", "is %d bytes; an HS256 secret must be at least %d (e.g. openssl rand -base64 32)", len(st.HMACSecret), apptoken.HMACSecretMin)
+		}
+		if st.HMACSecret == c.HTTP.Token || st.HMACSecret == c.HTTP.ReadToken {
+			ps.addf(p+".hmacSecret", "must differ from http.token and http.readToken")
+		}
+	}
+	if st.JWKSURL != "" {
+		if err := checkJWKSURL(st.JWKSURL); err != nil {
+			ps.addf(p+".jwksURL", "%v", err)
+		}
+		if st.Audience == "" {
+			ps.addf(p+".audience", "required with jwksURL: without it any token of the identity provider, issued for any application, would be accepted")
+		}
+	}
+	if st.SubjectClaim != "" {
+		if err := apptoken.CheckSubjectClaim(st.SubjectClaim); err != nil {
+			ps.addf(p+".subjectClaim", "%v", err)
+		}
+	}
+}
+
+// checkJWKSURL accepts an https URL, or http on a loopback host.
+func checkJWKSURL(s string) error {
+	u, err := url.Parse(s)
+	if err != nil || u.Host == "" || u.User != nil {
+		return fmt.Errorf("%q is not a URL such as https://idp.example.com/.well-known/jwks.json", truncate(s, 100))
+	}
+	switch u.Scheme {
+	case "https":
+		return nil
+	case "http":
+		h := u.Hostname()
+		if h == "localhost" {
+			return nil
+		}
+		if ip := net.ParseIP(h); ip != nil && ip.IsLoopback() {
+			return nil
+		}
+		return errors.New("must be https (http only on a loopback host): keys fetched in clear could be replaced")
+	}
+	return fmt.Errorf("scheme %q: must be https", u.Scheme)
 }
 
 // sortedScopes returns the job scopes in order, for stable output.

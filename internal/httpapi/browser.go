@@ -142,7 +142,7 @@ type guard struct {
 // returned as errors and left out: they never match, so the guard fails
 // closed (internal/config rejects them before they get here).
 func newGuard(opts Options) (*guard, []error) {
-	g := &guard{token: opts.Token != "", origins: map[string]bool{}, hosts: map[string]bool{}}
+	g := &guard{token: opts.authRequired(), origins: map[string]bool{}, hosts: map[string]bool{}}
 	var errs []error
 	for _, o := range opts.AllowedOrigins {
 		n, err := ParseOrigin(o)

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net/http"
 	"time"
+
+	"github.com/tasklease/tasklease/jobs"
 )
 
 // events streams every task state change as Server-Sent Events:
@@ -31,14 +33,6 @@ func (a *api) events(w http.ResponseWriter, r *http.Request) {
 	}
 	defer a.openEvents.Add(-1)
 
-	rc := http.NewResponseController(w)
-	// The stream must outlive ReadTimeout and the write deadline other routes
-	// use. net/http already lifts both for a body-less request (after the
-	// headers, and after each response); clearing them here keeps that true
-	// whatever the request or the Go version. Errors: not a real connection.
-	_ = rc.SetReadDeadline(time.Time{})
-	_ = rc.SetWriteDeadline(time.Time{})
-
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel() // ends the subscription
 	views, err := a.reg.Subscribe(ctx)
@@ -46,27 +40,11 @@ func (a *api) events(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, r, err)
 		return
 	}
-
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Accel-Buffering", "no") // nginx would buffer the stream otherwise
-	w.WriteHeader(http.StatusOK)
-
-	// send writes one message under its own write deadline, so a client that
-	// stops reading is dropped instead of pinning this goroutine.
-	send := func(msg []byte) bool {
-		_ = rc.SetWriteDeadline(time.Now().Add(sseWriteTimeout))
-		if _, err := w.Write(msg); err != nil {
-			return false
-		}
-		return rc.Flush() == nil
-	}
-	// retry: the client's reconnect delay. The comment makes the headers go
-	// out now, so EventSource reports "open" before the first change.
-	if !send([]byte("retry: 2000\n: connected\n\n")) {
+	sse, ok := startSSE(w)
+	if !ok {
 		return
 	}
+	send := sse.send
 
 	tick := time.NewTicker(a.set.keepAlive)
 	defer tick.Stop()
@@ -85,16 +63,7 @@ func (a *api) events(w http.ResponseWriter, r *http.Request) {
 			if !ok {
 				return
 			}
-			b, err := json.Marshal(v)
-			if err != nil {
-				a.log.LogAttrs(ctx, slog.LevelError, "http: encode task view", slog.Any("error", err))
-				continue
-			}
-			msg := make([]byte, 0, len(b)+24)
-			msg = append(msg, "event: task\ndata: "...)
-			msg = append(msg, b...)
-			msg = append(msg, "\n\n"...)
-			if !send(msg) {
+			if !a.sendView(ctx, sse, v) {
 				return
 			}
 		}
@@ -114,4 +83,54 @@ func (a *api) acquireEvents() bool {
 			return true
 		}
 	}
+}
+
+// sseConn writes one Server-Sent Events response.
+type sseConn struct {
+	w  http.ResponseWriter
+	rc *http.ResponseController
+}
+
+// startSSE sends the headers of an event stream and its first comment.
+// The stream must outlive ReadTimeout and the write deadline other routes
+// use. net/http already lifts both for a body-less request (after the
+// headers, and after each response); clearing them here keeps that true
+// whatever the request or the Go version. Errors: not a real connection.
+func startSSE(w http.ResponseWriter) (*sseConn, bool) {
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Time{})
+	_ = rc.SetWriteDeadline(time.Time{})
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no") // nginx would buffer the stream otherwise
+	w.WriteHeader(http.StatusOK)
+	c := &sseConn{w: w, rc: rc}
+	// retry: the client's reconnect delay. The comment makes the headers go
+	// out now, so EventSource reports "open" before the first change.
+	return c, c.send([]byte("retry: 2000\n: connected\n\n"))
+}
+
+// send writes one message under its own write deadline, so a client that
+// stops reading is dropped instead of pinning this goroutine.
+func (c *sseConn) send(msg []byte) bool {
+	_ = c.rc.SetWriteDeadline(time.Now().Add(sseWriteTimeout))
+	if _, err := c.w.Write(msg); err != nil {
+		return false
+	}
+	return c.rc.Flush() == nil
+}
+
+// sendView sends one "event: task" message; false when the client is gone.
+func (a *api) sendView(ctx context.Context, c *sseConn, v jobs.TaskView) bool {
+	b, err := json.Marshal(v)
+	if err != nil {
+		a.log.LogAttrs(ctx, slog.LevelError, "http: encode task view", slog.Any("error", err))
+		return true
+	}
+	msg := make([]byte, 0, len(b)+24)
+	msg = append(msg, "event: task\ndata: "...)
+	msg = append(msg, b...)
+	msg = append(msg, "\n\n"...)
+	return c.send(msg)
 }

@@ -195,6 +195,10 @@ func (a *api) foreground(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, r, err)
 		return
 	}
+	if msg := foregroundRefusal(principalOf(r.Context()), body.Subject, body.Scopes); msg != "" {
+		writeError(w, http.StatusForbidden, "forbidden", msg)
+		return
+	}
 	results, err := triggers.Foreground(r.Context(), a.reg, body.Subject, body.Scopes)
 	if err != nil {
 		a.fail(w, r, err)

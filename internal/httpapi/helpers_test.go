@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/tasklease/tasklease/internal/apptoken"
 	"github.com/tasklease/tasklease/internal/redistest"
 	"github.com/tasklease/tasklease/jobs"
 	"github.com/tasklease/tasklease/triggers"
@@ -67,6 +68,10 @@ type envOpts struct {
 	// retry-after) that course_sync uses, with a concurrency of its own
 	// (100) and fair share by request; backup stays unlimited.
 	limited bool
+	// readToken, subjects, maxSubjectStreams: Options' fields.
+	readToken         string
+	subjects          *apptoken.Verifier
+	maxSubjectStreams int
 }
 
 // testHost is the Host of in-process requests (serve, serveWith):
@@ -119,7 +124,8 @@ func newEnv(t testing.TB, o envOpts) *env {
 	}
 	e.reg = reg
 	opts := Options{Token: o.token, BodyLimit: o.bodyLimit, Logger: logger,
-		AllowedOrigins: o.allowedOrigins, AllowedHosts: o.allowedHosts, MaxEventClients: o.maxEventClients, Schedules: o.schedules}
+		AllowedOrigins: o.allowedOrigins, AllowedHosts: o.allowedHosts, MaxEventClients: o.maxEventClients, Schedules: o.schedules,
+		ReadToken: o.readToken, Subjects: o.subjects, MaxSubjectStreams: o.maxSubjectStreams}
 	if !o.noMetrics {
 		opts.Metrics = promhttp.HandlerFor(preg, promhttp.HandlerOpts{})
 	}

@@ -60,14 +60,12 @@ package httpapi
 import (
 	"context"
 	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -76,6 +74,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tasklease/tasklease/internal/apptoken"
 	"github.com/tasklease/tasklease/jobs"
 	"github.com/tasklease/tasklease/taskkey"
 	"github.com/tasklease/tasklease/triggers"
@@ -88,6 +87,9 @@ const (
 	// MaxEventClientsDefault bounds concurrent GET /v1/events streams when
 	// Options.MaxEventClients is 0.
 	MaxEventClientsDefault = 100
+	// MaxSubjectStreamsDefault bounds concurrent subject streams when
+	// Options.MaxSubjectStreams is 0.
+	MaxSubjectStreamsDefault = 10000
 	// eventsRetryAfter is the Retry-After (seconds) of a 503
 	// too_many_clients.
 	eventsRetryAfter = "5"
@@ -154,6 +156,16 @@ type Options struct {
 	// MaxEventClientsDefault); one more is answered 503 too_many_clients
 	// with Retry-After.
 	MaxEventClients int
+	// ReadToken, when set, is a second bearer token that may call the GET
+	// routes only (a dashboard without actions); POSTs are answered 403.
+	ReadToken string
+	// Subjects, when set, verifies subject tokens (internal/apptoken): a
+	// JWT that opens only its own subject's tasks (docs/app-access.md).
+	Subjects *apptoken.Verifier
+	// MaxSubjectStreams bounds concurrent GET /v1/subjects/{subject}/events
+	// streams, apart from MaxEventClients (default
+	// MaxSubjectStreamsDefault); one more is answered 503 too_many_clients.
+	MaxSubjectStreams int
 }
 
 // settings are the knobs tests shorten; production uses the constants.
@@ -165,13 +177,18 @@ type settings struct {
 
 // api is the handler returned by New.
 type api struct {
-	reg       *jobs.Registry
-	token     bool
-	tokenSum  [32]byte
-	bodyLimit int64
-	log       *slog.Logger
-	metrics   http.Handler
-	ready     func(context.Context) error
+	reg      *jobs.Registry
+	auth     bool // some credential is configured: /v1 needs one
+	token    bool
+	tokenSum [32]byte
+	// readToken is Options.ReadToken; subjects verifies subject tokens.
+	readToken    bool
+	readTokenSum [32]byte
+	subjects     *apptoken.Verifier
+	bodyLimit    int64
+	log          *slog.Logger
+	metrics      http.Handler
+	ready        func(context.Context) error
 	// scheduleStatus is Options.Schedules.
 	scheduleStatus func(context.Context) ([]triggers.ScheduleStatus, error)
 	set            settings
@@ -180,6 +197,10 @@ type api struct {
 	// maxEvents bounds the SSE streams; openEvents counts them.
 	maxEvents  int64
 	openEvents atomic.Int64
+	// subjectHub feeds the subject streams; maxSubject bounds them.
+	subjectHub  *subjectHub
+	maxSubject  int64
+	openSubject atomic.Int64
 }
 
 // New returns the HTTP handler of the API v1, the SSE feed, the probes,
@@ -208,8 +229,12 @@ func traced(a *api, tp trace.TracerProvider) http.Handler {
 func newAPI(reg *jobs.Registry, opts Options, set settings) *api {
 	a := &api{
 		reg:            reg,
+		auth:           opts.authRequired(),
 		token:          opts.Token != "",
 		tokenSum:       sha256.Sum256([]byte(opts.Token)),
+		readToken:      opts.ReadToken != "",
+		readTokenSum:   sha256.Sum256([]byte(opts.ReadToken)),
+		subjects:       opts.Subjects,
 		bodyLimit:      opts.BodyLimit,
 		log:            opts.Logger,
 		metrics:        opts.Metrics,
@@ -231,27 +256,34 @@ func newAPI(reg *jobs.Registry, opts Options, set settings) *api {
 	if a.maxEvents <= 0 {
 		a.maxEvents = MaxEventClientsDefault
 	}
+	a.maxSubject = int64(opts.MaxSubjectStreams)
+	if a.maxSubject <= 0 {
+		a.maxSubject = MaxSubjectStreamsDefault
+	}
+	a.subjectHub = newSubjectHub(reg, a.log)
 	var errs []error
 	a.guard, errs = newGuard(opts)
 	for _, err := range errs {
 		a.log.LogAttrs(context.Background(), slog.LevelError, "http: ignoring invalid option", slog.Any("error", err))
 	}
 	m := a.mux
-	m.HandleFunc("POST /v1/tasks/{subject}/{scope}/runs", a.submit)
-	m.HandleFunc("GET /v1/tasks/{subject}/{scope}", a.get)
-	m.HandleFunc("POST /v1/tasks/{subject}/{scope}/cancel", a.cancel)
-	m.HandleFunc("GET /v1/tasks/{subject}/{scope}/history", a.history)
-	m.HandleFunc("GET /v1/tasks", a.list)
-	m.HandleFunc("POST /v1/tasks/cancel", a.cancelMatching)
-	m.HandleFunc("GET /v1/scopes", a.scopes)
-	m.HandleFunc("POST /v1/scopes/{scope}/pause", a.pause)
-	m.HandleFunc("POST /v1/scopes/{scope}/resume", a.resume)
-	m.HandleFunc("GET /v1/runners", a.runners)
-	m.HandleFunc("GET /v1/limiters", a.limiters)
-	m.HandleFunc("GET /v1/schedules", a.schedules)
-	m.HandleFunc("POST /v1/hooks/foreground", a.foreground)
-	m.HandleFunc("GET "+eventsPath, a.events)
-	m.HandleFunc("GET /v1/openapi.json", a.openapi)
+	// Every /v1 route says whether subject tokens may call it (auth.go).
+	m.HandleFunc("POST /v1/tasks/{subject}/{scope}/runs", a.allow(forSubject(apptoken.ActionSubmit), a.submit))
+	m.HandleFunc("GET /v1/tasks/{subject}/{scope}", a.allow(forSubject(apptoken.ActionRead), a.get))
+	m.HandleFunc("POST /v1/tasks/{subject}/{scope}/cancel", a.allow(forSubject(apptoken.ActionCancel), a.cancel))
+	m.HandleFunc("GET /v1/tasks/{subject}/{scope}/history", a.allow(forSubject(apptoken.ActionRead), a.history))
+	m.HandleFunc("GET /v1/subjects/{subject}/events", a.allow(forSubject(apptoken.ActionRead), a.subjectEvents))
+	m.HandleFunc("POST /v1/hooks/foreground", a.allow(subjectAccess{action: apptoken.ActionSubmit, inBody: true}, a.foreground))
+	m.HandleFunc("GET /v1/tasks", a.allow(operatorsOnly, a.list))
+	m.HandleFunc("POST /v1/tasks/cancel", a.allow(operatorsOnly, a.cancelMatching))
+	m.HandleFunc("GET /v1/scopes", a.allow(operatorsOnly, a.scopes))
+	m.HandleFunc("POST /v1/scopes/{scope}/pause", a.allow(operatorsOnly, a.pause))
+	m.HandleFunc("POST /v1/scopes/{scope}/resume", a.allow(operatorsOnly, a.resume))
+	m.HandleFunc("GET /v1/runners", a.allow(operatorsOnly, a.runners))
+	m.HandleFunc("GET /v1/limiters", a.allow(operatorsOnly, a.limiters))
+	m.HandleFunc("GET /v1/schedules", a.allow(operatorsOnly, a.schedules))
+	m.HandleFunc("GET "+eventsPath, a.allow(operatorsOnly, a.events))
+	m.HandleFunc("GET /v1/openapi.json", a.allow(operatorsOnly, a.openapi))
 	m.HandleFunc("GET /healthz", a.healthz)
 	m.HandleFunc("GET /readyz", a.readyz)
 	if a.metrics != nil {
@@ -276,7 +308,7 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}()
 	rec.Header().Set("X-Content-Type-Options", "nosniff")
 
-	if r.URL.Path != eventsPath {
+	if !isStreamPath(r.URL.Path) {
 		// http.Server.WriteTimeout must stay 0 for SSE, so the other routes
 		// get their bound here: a context deadline for the work and a write
 		// deadline for slow readers. Errors mean the writer cannot set
@@ -310,12 +342,17 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	if a.token && isAPIPath(r.URL.Path) && !a.authorized(r) {
+	if a.auth && isAPIPath(r.URL.Path) {
 		// Checked before routing so unknown /v1 routes do not reveal which
-		// routes exist.
-		rec.Header().Set("WWW-Authenticate", `Bearer realm="tasklease"`)
-		writeError(rec, http.StatusUnauthorized, "unauthorized", "missing or wrong bearer token")
-		return
+		// routes exist. What each caller may do is checked per route
+		// (allow, auth.go).
+		p, msg := a.authenticate(r)
+		if msg != "" {
+			rec.Header().Set("WWW-Authenticate", `Bearer realm="tasklease"`)
+			writeError(rec, http.StatusUnauthorized, "unauthorized", msg)
+			return
+		}
+		r = r.WithContext(context.WithValue(r.Context(), principalKey{}, p))
 	}
 
 	if msg := jsonBodyProblem(facts); msg != "" {
@@ -344,22 +381,6 @@ func (a *api) noRoute(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeError(w, http.StatusNotFound, "not_found", "no route "+r.URL.Path)
-}
-
-// authorized checks the bearer token. Both sides are hashed first so the
-// constant-time comparison does not leak the token's length either.
-func (a *api) authorized(r *http.Request) bool {
-	var got string
-	if scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " "); ok && strings.EqualFold(scheme, "Bearer") {
-		got = strings.TrimSpace(tok)
-	} else if r.URL.Path == eventsPath {
-		got = r.URL.Query().Get("access_token")
-	}
-	if got == "" {
-		return false
-	}
-	sum := sha256.Sum256([]byte(got))
-	return subtle.ConstantTimeCompare(sum[:], a.tokenSum[:]) == 1
 }
 
 // NewServer returns an http.Server for h with timeouts suited to the API:
