@@ -20,7 +20,6 @@ const e2eLimiter = "bench"
 func (b *bench) e2eLimited(rep int) error {
 	const name = "e2e_1stage_limited"
 	var slotless, wrongLimiter atomic.Int64
-	var maxToken atomic.Int64
 	limited := tlVariant{
 		stages: 1,
 		config: func(cfg *jobs.Config) {
@@ -35,12 +34,6 @@ func (b *bench) e2eLimited(rep int) error {
 			}
 			if slots[0].Limiter != e2eLimiter {
 				wrongLimiter.Add(1)
-			}
-			for t := slots[0].Token; ; {
-				cur := maxToken.Load()
-				if t <= cur || maxToken.CompareAndSwap(cur, t) {
-					break
-				}
 			}
 		},
 	}
@@ -76,15 +69,14 @@ func (b *bench) e2eLimited(rep int) error {
 	b.rep.add("round_trips_per_1stage_limited_run", lim.roundTrips)
 	b.rep.add(name+"_redis_cpu_us_per_run", lim.redisCPUus)
 	b.rep.add(name+"_bench_cpu_us_per_run", lim.benchCPUus)
-	b.rep.add(name+"_admissions_per_run", float64(maxToken.Load())/float64(n))
 	if b.commands {
 		b.progress("%s rep %d: tasklease per run: %s", name, rep, formatCommands(lim.commands, n))
 		b.progress("%s rep %d: tasklease FCALLs per run: %s", name, rep, formatFcalls(lim.fcalls, n))
 		b.progress("%s rep %d: (unlimited) tasklease per run: %s", name, rep, formatCommands(base.commands, n))
 		b.progress("%s rep %d: (unlimited) tasklease FCALLs per run: %s", name, rep, formatFcalls(base.fcalls, n))
 	}
-	b.progress("%s rep %d: limited %.0f runs/s, unlimited %.0f runs/s: %.2f× (per run: redis %.1f µs vs %.1f, %.1f calls vs %.1f, %.2f round trips vs %.2f, bench CPU %.1f µs vs %.1f; %.3f limiter admissions)",
+	b.progress("%s rep %d: limited %.0f runs/s, unlimited %.0f runs/s: %.2f× (per run: redis %.1f µs vs %.1f, %.1f calls vs %.1f, %.2f round trips vs %.2f, bench CPU %.1f µs vs %.1f)",
 		name, rep, lim.rate, base.rate, lim.rate/base.rate, lim.redisCPUus, base.redisCPUus, lim.redisCalls, base.redisCalls,
-		lim.roundTrips, base.roundTrips, lim.benchCPUus, base.benchCPUus, float64(maxToken.Load())/float64(n))
+		lim.roundTrips, base.roundTrips, lim.benchCPUus, base.benchCPUus)
 	return nil
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -47,8 +48,8 @@ func (b *bench) rateAccuracy(rep int) error {
 		return err
 	}
 	type start struct {
-		at    time.Time
-		token int64 // the limiter's admission number
+		at    time.Time // the handler's start
+		token int64     // the limiter's admission: at least Redis time in µs
 	}
 	var count, slotless atomic.Int64
 	starts := make([]start, n)
@@ -109,28 +110,33 @@ func (b *bench) rateAccuracy(rep int) error {
 		b.fail("%s rep %d: all %d runs started within %s: the limiter was not saturated (make the backlog larger)", name, rep, n, d)
 	}
 
+	// Admissions are timed by their tokens, which the limiter takes as
+	// Redis time in µs (one more than the last when two fall in one µs):
+	// the limiter's own clock, free of the moment between an admission and
+	// its handler's start.
 	all := slices.Clone(starts[:min(count.Load(), int64(n))])
-	slices.SortFunc(all, func(a, b start) int { return a.at.Compare(b.at) })
+	slices.SortFunc(all, func(a, b start) int { return cmp.Compare(a.token, b.token) })
+	at := func(s start) time.Time { return time.UnixMicro(s.token) }
 	inD, most := 0, 0
 	firstPaced, lastBurst := time.Duration(-1), time.Duration(0)
 	for i, s := range all {
-		since := s.at.Sub(all[0].at)
+		since := at(s).Sub(at(all[0]))
 		if since < d {
 			inD++
 		}
-		if s.token <= rateBurst {
+		if i < rateBurst {
 			lastBurst = max(lastBurst, since)
 		} else if firstPaced < 0 {
 			firstPaced = since
 		}
-		j, _ := slices.BinarySearchFunc(all[i:], s.at.Add(time.Second), func(a start, t time.Time) int { return a.at.Compare(t) })
-		most = max(most, j) // starts in [s.at, s.at+1s)
+		j, _ := slices.BinarySearchFunc(all[i:], at(s).Add(time.Second), func(a start, t time.Time) int { return at(a).Compare(t) })
+		most = max(most, j) // admissions in [s, s+1s)
 	}
 	want := float64(ratePerS) * d.Seconds()
 	accuracy := (float64(inD) - rateBurst) / want
 	b.rep.add(name, accuracy)
 	b.rep.add("rate_most_in_1s", float64(most))
-	b.progress("%s rep %d (%d/s, burst %d, %s saturated by %d runs): %d starts in %s from the first (exact: %.0f + %d): accuracy %.4f; the burst's last start %.1f ms, the first paced start %.1f ms after the first start (admitted %.1f ms after the burst); at most %d handler starts in any second (rate + burst: %d); %d runs left",
+	b.progress("%s rep %d (%d/s, burst %d, %s saturated by %d runs): %d starts in %s from the first (exact: %.0f + %d): accuracy %.4f; the burst's last start %.1f ms, the first paced start %.1f ms after the first start (admitted %.1f ms after the burst); at most %d admissions in any second (rate + burst: %d); %d runs left",
 		name, rep, ratePerS, rateBurst, d, n, inD, d, want, rateBurst, accuracy,
 		ms(lastBurst), ms(firstPaced), ms(interval), most, ratePerS+rateBurst, int64(n)-startedBy)
 	return nil

@@ -189,3 +189,42 @@ func TestLimiterSlotLostStopsTheStage(t *testing.T) {
 		})
 	}
 }
+
+// A limiter whose runs wait keeps starting them as runs end: each slot a
+// finishing run gives back (in the acquire call of the next request its
+// runner took) goes to the best waiting run. A regression test: the
+// reason given to a request that waits took the slot given back in the
+// same call, and the limiter stalled at its limit with every run waiting.
+func TestLimiterDrainsWhileRunsWait(t *testing.T) {
+	for _, b := range redistest.Backends(t, redistest.WithSharedCluster) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			st := &inFlight{hold: 2 * time.Millisecond}
+			e := newEnv(t, b.Client, Config{Prefix: "limdrain", Jobs: []Job{{Scope: "sync", Concurrency: 5,
+				Fairness: Fairness{GroupBy: FairnessSubjectPrefix}, Stages: []Stage{{Name: "push", Handler: st}}}}})
+			subjects := make([]string, 300)
+			for i := range subjects {
+				subjects[i] = fmt.Sprintf("acme:u%d", i)
+			}
+			if _, err := e.reg.SubmitMany(ctx, "sync", subjects, SubmitManyOptions{Source: SourceSchedule}); err != nil {
+				t.Fatal(err)
+			}
+			e.startRunner(RunnerConfig{ID: "r1", Concurrency: 20})
+			waitFor(t, 60*time.Second, "every run done", func() bool {
+				ls, err := e.reg.Limiters(ctx)
+				if err != nil || len(ls) != 1 || ls[0].Waiting > 0 || ls[0].InUse > 0 {
+					return false
+				}
+				for _, s := range subjects {
+					if v, _ := e.reg.Get(ctx, s, "sync"); v.Status != StatusDone {
+						return false
+					}
+				}
+				return true
+			})
+			if top := st.top.Load(); top > 5 {
+				t.Errorf("%d runs at once, want at most 5", top)
+			}
+		})
+	}
+}

@@ -79,7 +79,7 @@ for j = rel_end + 1, #ARGV, 4 do
     res[#res + 1] = {'g', tonum(i), lim_take(l, i, member, owner, 'h', lane, group)}
   else
     if waiting > 0 and why == 'turn' then
-      local _, w2, at2 = lim_blocked(l)
+      local w2, at2 = lim_reason(l)
       if w2 then why, at = w2, at2 end
     end
     lim_wait(l, member, lane, group, false)

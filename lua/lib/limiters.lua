@@ -138,9 +138,22 @@ local function lim_rate_next(l)
   return at
 end
 
+-- lim_reason returns nil when a start would be admitted now, else why not
+-- and when to look again; unlike lim_blocked it changes nothing.
+local function lim_reason(l)
+  if l.hold > l.now then return 'held', l.hold end
+  local at = lim_rate_next(l)
+  if at > 0 then return 'rate', at end
+  if l.conc == 0 or #l.freed > 0 then return nil end
+  local s = rcall('ZRANGE', l.slots, 0, 0, 'WITHSCORES')
+  if #s > 0 and tonum(s[2]) > l.now then return 'full', tonum(s[2]) end
+  return nil
+end
+
 -- lim_blocked returns nil when a start is admitted now (and the free
--- slot's number, -1 without concurrency), else a reason and when to look
--- again.
+-- slot's number, -1 without concurrency, which the caller must take:
+-- a slot given back in this call is handed out only once), else a reason
+-- and when to look again.
 local function lim_blocked(l)
   if l.hold > l.now then return nil, 'held', l.hold end
   local at = lim_rate_next(l)
@@ -206,11 +219,16 @@ end
 local function lim_pump(l, owner, n, out)
   while true do
     if l.waiting <= 0 then return 0, 0 end
+    if n <= 0 then
+      local why, at = lim_reason(l)
+      if why then return at, l.waiting end
+      return l.now, l.waiting
+    end
     local i, _, at = lim_blocked(l)
     if not i then return at, l.waiting end
-    if n <= 0 then return l.now, l.waiting end
     local m, lane, group = lim_pop(l)
     if not m then -- the count was off (a flushed set): it is what is left
+      if tonum(i) >= 0 then l.freed[#l.freed + 1] = i end -- untaken: lim_close writes it free
       l.waiting = rcall('HLEN', l.wmeta)
       rcall('HSET', l.base, 'waiting', l.waiting)
       return 0, l.waiting
