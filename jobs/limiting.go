@@ -673,19 +673,25 @@ func (r *Runner) pumpLoop(ctx context.Context, d *limiterDef, poke <-chan struct
 	}
 }
 
-// startPumps starts a pump per limiter the runner's jobs use.
+// startPumps starts a pump per limiter the runner's jobs use (newPumps).
 func (r *Runner) startPumps(ctx context.Context, g interface{ Go(func()) }) {
-	for _, defs := range r.reg.jobLimits {
-		for _, d := range defs {
-			if r.pumps[d] != nil {
-				continue
-			}
-			ch := make(chan struct{}, 1)
-			r.pumps[d] = ch
-			ch <- struct{}{} // look once at start: runs may wait from before
-		}
-	}
 	for d, ch := range r.pumps {
 		g.Go(func() { r.pumpLoop(ctx, d, ch) })
 	}
+}
+
+// newPumps makes the wake-up channel of each limiter the runner's jobs
+// use (read without a lock from then on: made before Run), each with a
+// wake-up pending: runs may wait from before the runner started.
+func newPumps(reg *Registry) map[*limiterDef]chan struct{} {
+	pumps := map[*limiterDef]chan struct{}{}
+	for _, defs := range reg.jobLimits {
+		for _, d := range defs {
+			if pumps[d] == nil {
+				pumps[d] = make(chan struct{}, 1)
+				pumps[d] <- struct{}{}
+			}
+		}
+	}
+	return pumps
 }

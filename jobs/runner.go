@@ -210,7 +210,7 @@ func NewRunner(reg *Registry, cfg RunnerConfig) (*Runner, error) {
 		execStarts: make(chan struct{}, cfg.ExecStarts),
 		presence:   newPresence(cfg.PresenceInterval, cfg.Version),
 		active:     make(map[string]map[*context.CancelCauseFunc]struct{}),
-		pumps:      make(map[*limiterDef]chan struct{}),
+		pumps:      newPumps(reg),
 		// A claim's reply comes back within its call's bound (a lease TTL,
 		// plus FetchBlock for a read sent with a wait), and the run is
 		// registered right after.
