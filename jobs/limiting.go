@@ -2,11 +2,11 @@ package jobs
 
 import (
 	"context"
-	"slices"
-	"strconv"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strconv"
 	"time"
 )
 
