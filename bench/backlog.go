@@ -74,21 +74,9 @@ func (b *bench) backlogTasklease(rep int) (backlogResult, error) {
 	}
 	defer tl.close()
 
-	var queued int64
-	for i := 0; i < n; i += backlogBatch {
-		subjects := make([]string, 0, backlogBatch)
-		for j := i; j < min(i+backlogBatch, n); j++ {
-			subjects = append(subjects, "b"+strconv.Itoa(j))
-		}
-		outs, err := tl.reg.SubmitMany(b.ctx, scope, subjects, jobs.SubmitManyOptions{Source: jobs.SourceSchedule})
-		if err != nil {
-			return backlogResult{}, err
-		}
-		for _, o := range outs {
-			if o == jobs.OutcomeStarted {
-				queued++
-			}
-		}
+	queued, err := tl.queueBacklog(b.ctx, "b", n)
+	if err != nil {
+		return backlogResult{}, err
 	}
 	b.check(fmt.Sprintf("backlog rep %d tasklease: backlog runs queued", rep), queued, int64(n))
 	if err := tl.startRunner(b.ctx); err != nil {

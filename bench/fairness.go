@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -55,21 +54,9 @@ func (b *bench) limiterFairness(rep int) error {
 	}
 	defer tl.close()
 
-	var queued int64
-	for i := 0; i < n; i += backlogBatch {
-		subjects := make([]string, 0, backlogBatch)
-		for j := i; j < min(i+backlogBatch, n); j++ {
-			subjects = append(subjects, "a:"+strconv.Itoa(j))
-		}
-		outs, err := tl.reg.SubmitMany(b.ctx, scope, subjects, jobs.SubmitManyOptions{Source: jobs.SourceSchedule})
-		if err != nil {
-			return err
-		}
-		for _, o := range outs {
-			if o == jobs.OutcomeStarted {
-				queued++
-			}
-		}
+	queued, err := tl.queueBacklog(b.ctx, "a:", n)
+	if err != nil {
+		return err
 	}
 	b.check(fmt.Sprintf("%s rep %d: tenant A's runs queued", name, rep), queued, int64(n))
 	if err := tl.startRunner(b.ctx); err != nil {

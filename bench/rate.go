@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -73,21 +72,9 @@ func (b *bench) rateAccuracy(rep int) error {
 	}
 	defer tl.close()
 
-	var queued int64
-	for i := 0; i < n; i += backlogBatch {
-		subjects := make([]string, 0, backlogBatch)
-		for j := i; j < min(i+backlogBatch, n); j++ {
-			subjects = append(subjects, "r"+strconv.Itoa(j))
-		}
-		outs, err := tl.reg.SubmitMany(b.ctx, scope, subjects, jobs.SubmitManyOptions{Source: jobs.SourceSchedule})
-		if err != nil {
-			return err
-		}
-		for _, o := range outs {
-			if o == jobs.OutcomeStarted {
-				queued++
-			}
-		}
+	queued, err := tl.queueBacklog(b.ctx, "r", n)
+	if err != nil {
+		return err
 	}
 	b.check(fmt.Sprintf("%s rep %d: runs queued", name, rep), queued, int64(n))
 	if err := tl.startRunner(b.ctx); err != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
@@ -153,3 +154,26 @@ func (asynqDiscard) Info(...any)  {}
 func (asynqDiscard) Warn(...any)  {}
 func (asynqDiscard) Error(...any) {}
 func (asynqDiscard) Fatal(...any) {}
+
+// queueBacklog submits n schedule requests for subjects prefix0 … prefix<n-1>
+// (SubmitMany, backlogBatch at a time) and returns how many runs they
+// started.
+func (t *tlSide) queueBacklog(ctx context.Context, prefix string, n int) (int64, error) {
+	var queued int64
+	for i := 0; i < n; i += backlogBatch {
+		subjects := make([]string, 0, backlogBatch)
+		for j := i; j < min(i+backlogBatch, n); j++ {
+			subjects = append(subjects, prefix+strconv.Itoa(j))
+		}
+		outs, err := t.reg.SubmitMany(ctx, scope, subjects, jobs.SubmitManyOptions{Source: jobs.SourceSchedule})
+		if err != nil {
+			return queued, err
+		}
+		for _, o := range outs {
+			if o == jobs.OutcomeStarted {
+				queued++
+			}
+		}
+	}
+	return queued, nil
+}
