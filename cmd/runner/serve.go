@@ -172,7 +172,8 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, spans io.W
 			return fail(exitUsage, "http.subjectTokens: %w", err)
 		}
 	}
-	if cfg.HTTP.Token == "" && !isLoopback(cfg.HTTP.Listen) {
+	// Any credential configured makes every /v1 route require one.
+	if cfg.HTTP.Token == "" && cfg.HTTP.ReadToken == "" && subjects == nil && !isLoopback(cfg.HTTP.Listen) {
 		log.Warn("HTTP API listens beyond loopback WITHOUT a token: anyone who can reach it can submit and cancel runs; set http.token",
 			slog.String("listen", cfg.HTTP.Listen))
 	}
