@@ -24,11 +24,8 @@ import (
 // messages rather than slowing Redis, so a reconnecting client should
 // re-list tasks.
 func (a *api) events(w http.ResponseWriter, r *http.Request) {
-	if !a.acquireEvents() {
-		w.Header().Set("Retry-After", eventsRetryAfter)
-		writeError(w, http.StatusServiceUnavailable, "too_many_clients", fmt.Sprintf(
-			"too many event streams: this runner serves at most %d at once (http.maxEventClients); retry in %s seconds",
-			a.maxEvents, eventsRetryAfter))
+	if !acquire(&a.openEvents, a.maxEvents) {
+		tooManyStreams(w, "event streams", a.maxEvents, "http.maxEventClients")
 		return
 	}
 	defer a.openEvents.Add(-1)
@@ -70,19 +67,13 @@ func (a *api) events(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// acquireEvents takes one of the maxEvents stream slots, if one is free.
-// Compare-and-swap, so that racing requests never see a transient count
-// above the limit and refuse a client there was room for.
-func (a *api) acquireEvents() bool {
-	for {
-		n := a.openEvents.Load()
-		if n >= a.maxEvents {
-			return false
-		}
-		if a.openEvents.CompareAndSwap(n, n+1) {
-			return true
-		}
-	}
+// tooManyStreams answers a stream request refused because max streams of
+// its kind (what; the setting that bounds them) are open: 503 with
+// Retry-After.
+func tooManyStreams(w http.ResponseWriter, what string, max int64, setting string) {
+	w.Header().Set("Retry-After", eventsRetryAfter)
+	writeError(w, http.StatusServiceUnavailable, "too_many_clients", fmt.Sprintf(
+		"too many %s: this runner serves at most %d at once (%s); retry in %s seconds", what, max, setting, eventsRetryAfter))
 }
 
 // sseConn writes one Server-Sent Events response.

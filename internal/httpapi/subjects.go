@@ -3,7 +3,6 @@ package httpapi
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -156,10 +155,7 @@ func (a *api) subjectEvents(w http.ResponseWriter, r *http.Request) {
 		expires = t.C
 	}
 	if !acquire(&a.openSubject, a.maxSubject) {
-		w.Header().Set("Retry-After", eventsRetryAfter)
-		writeError(w, http.StatusServiceUnavailable, "too_many_clients", fmt.Sprintf(
-			"too many subject streams: this runner serves at most %d at once (http.maxSubjectStreams); retry in %s seconds",
-			a.maxSubject, eventsRetryAfter))
+		tooManyStreams(w, "subject streams", a.maxSubject, "http.maxSubjectStreams")
 		return
 	}
 	defer a.openSubject.Add(-1)
@@ -247,7 +243,7 @@ func (a *api) subjectState(ctx context.Context, subject string, allowScope func(
 	return out, nil
 }
 
-// acquire takes one of max slots counted by n, if one is free.
+// acquire takes one of max stream slots counted by n, if one is free.
 // Compare-and-swap, so that racing requests never see a transient count
 // above the limit and refuse a client there was room for.
 func acquire(n *atomic.Int64, max int64) bool {
