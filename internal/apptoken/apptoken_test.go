@@ -2,91 +2,19 @@ package apptoken
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"encoding/base64"
-	"encoding/json"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/tasklease/tasklease/internal/apptoken/apptokentest"
 )
 
 const testSecret = "0123456789abcdef0123456789abcdef-test"
 
-// JWKS is a key set served over HTTP with one EC P-256 key, "k1", alg ES256.
-type JWKS struct {
-	Key *ecdsa.PrivateKey
-	URL string
-	// PublicDER is the public key's bytes (PKIX DER), what an attacker
-	// would use as an HMAC secret.
-	PublicDER []byte
-}
-
-// NewJWKS serves a key set until the test ends.
-func NewJWKS(t testing.TB) *JWKS {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	der, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b64 := func(b []byte) string { return base64.RawURLEncoding.EncodeToString(b) }
-	pub, _ := key.PublicKey.ECDH()
-	raw := pub.Bytes() // 0x04 || X || Y
-	set, _ := json.Marshal(map[string]any{"keys": []map[string]string{{
-		"kty": "EC", "crv": "P-256", "kid": "k1", "alg": "ES256", "use": "sig",
-		"x": b64(raw[1:33]), "y": b64(raw[33:]),
-	}}})
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write(set)
-	}))
-	t.Cleanup(srv.Close)
-	return &JWKS{Key: key, URL: srv.URL, PublicDER: der}
-}
-
-// Sign signs claims with the set's key (ES256, kid k1).
-func (j *JWKS) Sign(t testing.TB, claims jwt.MapClaims) string {
-	t.Helper()
-	tok := jwt.NewWithClaims(jwt.SigningMethodES256, claims)
-	tok.Header["kid"] = "k1"
-	s, err := tok.SignedString(j.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
-func hs256(t testing.TB, secret []byte, claims jwt.MapClaims, hdr map[string]any) string {
-	t.Helper()
-	tok := jwt.NewWithClaims(jwt.SigningMethodHS256, claims)
-	for k, v := range hdr {
-		tok.Header[k] = v
-	}
-	s, err := tok.SignedString(secret)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
-// algNone is an unsigned token (alg "none").
-func algNone(claims jwt.MapClaims) string {
-	b64 := func(v any) string { b, _ := json.Marshal(v); return base64.RawURLEncoding.EncodeToString(b) }
-	return b64(map[string]string{"alg": "none", "typ": "JWT"}) + "." + b64(claims) + "."
-}
-
 func TestVerify(t *testing.T) {
-	j := NewJWKS(t)
+	j := apptokentest.NewJWKS(t)
 	v, err := NewVerifier(t.Context(), Config{HMACSecret: testSecret, JWKSURL: j.URL, Issuer: "https://idp.test/", Audience: "tasklease"})
 	if err != nil {
 		t.Fatal(err)
@@ -107,22 +35,22 @@ func TestVerify(t *testing.T) {
 	cases := []struct {
 		name, token, refusal string
 	}{
-		{"hs256", hs256(t, []byte(testSecret), ok(), nil), ""},
+		{"hs256", apptokentest.HS256(t, []byte(testSecret), ok(), nil), ""},
 		{"jwks es256", j.Sign(t, ok()), ""},
-		{"hs256 signed with the JWKS public key", hs256(t, j.PublicDER, ok(), map[string]any{"kid": "k1"}), "bad signature or algorithm"},
-		{"alg none", algNone(ok()), "bad signature or algorithm"},
-		{"wrong secret", hs256(t, []byte(strings.Repeat("x", 40)), ok(), nil), "bad signature or algorithm"},
-		{"exp missing", hs256(t, []byte(testSecret), with("exp", nil), nil), "exp missing"},
-		{"exp 0", hs256(t, []byte(testSecret), with("exp", 0), nil), "expired"},
-		{"expired", hs256(t, []byte(testSecret), with("exp", now.Add(-time.Minute).Unix()), nil), "expired"},
-		{"expired within leeway", hs256(t, []byte(testSecret), with("exp", now.Add(-Leeway/2).Unix()), nil), ""},
-		{"nbf future", hs256(t, []byte(testSecret), with("nbf", now.Add(time.Minute).Unix()), nil), "not valid yet (nbf)"},
-		{"wrong audience", hs256(t, []byte(testSecret), with("aud", "other"), nil), "wrong audience"},
-		{"no audience", hs256(t, []byte(testSecret), with("aud", nil), nil), "aud missing"},
+		{"hs256 signed with the JWKS public key", apptokentest.HS256(t, j.PublicDER, ok(), map[string]any{"kid": "k1"}), "bad signature or algorithm"},
+		{"alg none", apptokentest.Unsigned(ok()), "bad signature or algorithm"},
+		{"wrong secret", apptokentest.HS256(t, []byte(strings.Repeat("x", 40)), ok(), nil), "bad signature or algorithm"},
+		{"exp missing", apptokentest.HS256(t, []byte(testSecret), with("exp", nil), nil), "exp missing"},
+		{"exp 0", apptokentest.HS256(t, []byte(testSecret), with("exp", 0), nil), "expired"},
+		{"expired", apptokentest.HS256(t, []byte(testSecret), with("exp", now.Add(-time.Minute).Unix()), nil), "expired"},
+		{"expired within leeway", apptokentest.HS256(t, []byte(testSecret), with("exp", now.Add(-Leeway/2).Unix()), nil), ""},
+		{"nbf future", apptokentest.HS256(t, []byte(testSecret), with("nbf", now.Add(time.Minute).Unix()), nil), "not valid yet (nbf)"},
+		{"wrong audience", apptokentest.HS256(t, []byte(testSecret), with("aud", "other"), nil), "wrong audience"},
+		{"no audience", apptokentest.HS256(t, []byte(testSecret), with("aud", nil), nil), "aud missing"},
 		{"wrong issuer", j.Sign(t, with("iss", "https://evil.test/")), "wrong issuer"},
-		{"no subject", hs256(t, []byte(testSecret), with("sub", nil), nil), `no subject in claim "sub"`},
-		{"subject with |", hs256(t, []byte(testSecret), with("sub", "u42|course_sync"), nil), `claim "sub" is not a valid subject`},
-		{"subject with /", hs256(t, []byte(testSecret), with("sub", "u4/2"), nil), `claim "sub" is not a valid subject`},
+		{"no subject", apptokentest.HS256(t, []byte(testSecret), with("sub", nil), nil), `no subject in claim "sub"`},
+		{"subject with |", apptokentest.HS256(t, []byte(testSecret), with("sub", "u42|course_sync"), nil), `claim "sub" is not a valid subject`},
+		{"subject with /", apptokentest.HS256(t, []byte(testSecret), with("sub", "u4/2"), nil), `claim "sub" is not a valid subject`},
 		{"garbage", "not.a.jwt", "malformed"},
 		{"too long", strings.Repeat("a", MaxLen+1), "longer than 8192 bytes"},
 	}
@@ -150,13 +78,13 @@ func TestVerify(t *testing.T) {
 }
 
 func TestVerifyJWKSOnlyRefusesHS256(t *testing.T) {
-	j := NewJWKS(t)
+	j := apptokentest.NewJWKS(t)
 	v, err := NewVerifier(t.Context(), Config{JWKSURL: j.URL, Audience: "tasklease"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := jwt.MapClaims{"sub": "u42", "exp": time.Now().Add(time.Minute).Unix(), "aud": "tasklease"}
-	if _, err := v.Verify(hs256(t, j.PublicDER, c, map[string]any{"kid": "k1"})); err == nil {
+	if _, err := v.Verify(apptokentest.HS256(t, j.PublicDER, c, map[string]any{"kid": "k1"})); err == nil {
 		t.Fatal("HS256 token signed with the JWKS public key accepted")
 	}
 	if _, err := v.Verify(j.Sign(t, c)); err != nil {
@@ -183,7 +111,7 @@ func TestMintVerifyClaims(t *testing.T) {
 		t.Fatalf("grant %+v", g)
 	}
 	// An empty list grants nothing; an unknown action grants nothing.
-	g, err = v.Verify(hs256(t, []byte(testSecret), jwt.MapClaims{"user_id": "u42", "exp": time.Now().Add(time.Minute).Unix(),
+	g, err = v.Verify(apptokentest.HS256(t, []byte(testSecret), jwt.MapClaims{"user_id": "u42", "exp": time.Now().Add(time.Minute).Unix(),
 		ClaimScopes: []string{}, ClaimActions: []string{"admin"}}, nil))
 	if err != nil {
 		t.Fatal(err)
@@ -192,7 +120,7 @@ func TestMintVerifyClaims(t *testing.T) {
 		t.Fatalf("empty lists grant %+v", g)
 	}
 	// sub is not the subject claim here.
-	if _, err := v.Verify(hs256(t, []byte(testSecret), jwt.MapClaims{"sub": "u42", "exp": time.Now().Add(time.Minute).Unix()}, nil)); err == nil {
+	if _, err := v.Verify(apptokentest.HS256(t, []byte(testSecret), jwt.MapClaims{"sub": "u42", "exp": time.Now().Add(time.Minute).Unix()}, nil)); err == nil {
 		t.Fatal("token without user_id accepted")
 	}
 }

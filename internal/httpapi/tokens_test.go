@@ -1,11 +1,6 @@
 package httpapi
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -20,6 +15,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/tasklease/tasklease/internal/apptoken"
+	"github.com/tasklease/tasklease/internal/apptoken/apptokentest"
 	"github.com/tasklease/tasklease/jobs"
 )
 
@@ -31,40 +27,6 @@ const (
 	appIssuer  = "https://idp.test/"
 	appAudence = "tasklease"
 )
-
-// jwksServer serves a JWK Set with one EC P-256 key (kid k1, alg ES256).
-type jwksServer struct {
-	key       *ecdsa.PrivateKey
-	url       string
-	publicDER []byte // the public key's bytes, an attacker's HMAC secret
-}
-
-func newJWKSServer(t testing.TB) *jwksServer {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	der, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub, err := key.PublicKey.ECDH()
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw := pub.Bytes() // 0x04 || X || Y
-	b64 := base64.RawURLEncoding.EncodeToString
-	set, _ := json.Marshal(map[string]any{"keys": []map[string]string{{
-		"kty": "EC", "crv": "P-256", "kid": "k1", "alg": "ES256", "use": "sig", "x": b64(raw[1:33]), "y": b64(raw[33:]),
-	}}})
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write(set)
-	}))
-	t.Cleanup(srv.Close)
-	return &jwksServer{key: key, url: srv.URL, publicDER: der}
-}
 
 // claims returns valid claims for subject, changed by kv pairs (a nil
 // value deletes the claim).
@@ -82,36 +44,15 @@ func claims(subject string, kv ...any) jwt.MapClaims {
 
 func signHS(t testing.TB, key []byte, c jwt.MapClaims) string {
 	t.Helper()
-	s, err := jwt.NewWithClaims(jwt.SigningMethodHS256, c).SignedString(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
-func (j *jwksServer) sign(t testing.TB, c jwt.MapClaims) string {
-	t.Helper()
-	tok := jwt.NewWithClaims(jwt.SigningMethodES256, c)
-	tok.Header["kid"] = "k1"
-	s, err := tok.SignedString(j.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
-// unsigned is c with alg none.
-func unsigned(c jwt.MapClaims) string {
-	enc := func(v any) string { b, _ := json.Marshal(v); return base64.RawURLEncoding.EncodeToString(b) }
-	return enc(map[string]string{"alg": "none", "typ": "JWT"}) + "." + enc(c) + "."
+	return apptokentest.HS256(t, key, c, nil)
 }
 
 // newTokenEnv is an env with an operator token, a read-only token and
 // subject tokens (HMAC secret and a JWKS, issuer and audience checked).
-func newTokenEnv(t *testing.T, o envOpts) (*env, *jwksServer) {
+func newTokenEnv(t *testing.T, o envOpts) (*env, *apptokentest.JWKS) {
 	t.Helper()
-	j := newJWKSServer(t)
-	v, err := apptoken.NewVerifier(t.Context(), apptoken.Config{HMACSecret: appSecret, JWKSURL: j.url, Issuer: appIssuer, Audience: appAudence})
+	j := apptokentest.NewJWKS(t)
+	v, err := apptoken.NewVerifier(t.Context(), apptoken.Config{HMACSecret: appSecret, JWKSURL: j.URL, Issuer: appIssuer, Audience: appAudence})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +139,7 @@ func TestTokenAuthorizationTable(t *testing.T) {
 			return "403"
 		}},
 		{"subject u42 hs256", hs(claims("u42")), false, subjectRule(every, anyAction)},
-		{"subject u42 jwks", j.sign(t, claims("u42")), false, subjectRule(every, anyAction)},
+		{"subject u42 jwks", j.Sign(t, claims("u42")), false, subjectRule(every, anyAction)},
 		{"subject u4", hs(claims("u4")), false, func(rc routeCase) string {
 			if strings.HasSuffix(rc.name, " u4") { // u4's own routes
 				return "ok"
@@ -208,16 +149,16 @@ func TestTokenAuthorizationTable(t *testing.T) {
 		{"subject with pipe", hs(claims("u42|course_sync")), false, always("401")},
 		{"subject with slash", hs(claims("u42/x")), false, always("401")},
 		{"wrong audience", hs(claims("u42", "aud", "other")), false, always("401")},
-		{"wrong issuer", j.sign(t, claims("u42", "iss", "https://evil.test/")), false, always("401")},
+		{"wrong issuer", j.Sign(t, claims("u42", "iss", "https://evil.test/")), false, always("401")},
 		{"expired", hs(claims("u42", "exp", past)), false, always("401")},
 		{"exp missing", hs(claims("u42", "exp", nil)), false, always("401")},
 		{"exp 0", hs(claims("u42", "exp", 0)), false, always("401")},
 		{"nbf future", hs(claims("u42", "nbf", future)), false, always("401")},
-		{"alg none", unsigned(claims("u42")), false, always("401")},
+		{"alg none", apptokentest.Unsigned(claims("u42")), false, always("401")},
 		{"hs256 with the jwks public key", func() string {
 			tok := jwt.NewWithClaims(jwt.SigningMethodHS256, claims("u42"))
 			tok.Header["kid"] = "k1"
-			s, err := tok.SignedString(j.publicDER)
+			s, err := tok.SignedString(j.PublicDER)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -452,7 +393,7 @@ func FuzzSubjectAuthorization(f *testing.F) {
 	}{
 		{good, "u42", 0}, {good, "u4", 0}, {good, "u4", 1}, {good, "u420", 3}, {good, "u42%7Cx", 2}, {good, "u42%2Fx", 3}, {good, "U42", 4},
 		{good, "u%342", 5}, {good, "u42", 6}, {good, "u42", 7}, {opToken, "u1", 0}, {readTok, "u1", 3},
-		{good + "x", "u42", 1}, {unsigned(claims("u42")), "u42", 0}, {"a.b.c", "u42", 0}, {"..", "", 2},
+		{good + "x", "u42", 1}, {apptokentest.Unsigned(claims("u42")), "u42", 0}, {"a.b.c", "u42", 0}, {"..", "", 2},
 		{signHS(f, []byte(appSecret), claims("u42", "exp", 0)), "u42", 0},
 	} {
 		f.Add(s.token, s.subject, s.route)
