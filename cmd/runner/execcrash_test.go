@@ -10,7 +10,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -102,27 +101,10 @@ jobs:
 
 	// Submit every run, a third through each pod.
 	subjects := make([]string, size.runs)
-	var wg sync.WaitGroup
-	errs := make(chan error, size.runs)
 	for i := range subjects {
 		subjects[i] = fmt.Sprintf("s%03d", i)
 	}
-	for w := range 6 {
-		wg.Go(func() {
-			for i := w; i < size.runs; i += 6 {
-				var res jobs.SubmitResult
-				if err := postJSON(pods[i%3].url+"/v1/tasks/"+subjects[i]+"/slow_sync/runs", `{"source":"manual"}`, &res); err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+	submitSpread(t, pods[:], size.runs, func(i int) string { return "/v1/tasks/" + subjects[i] + "/slow_sync/runs" }, `{"source":"manual"}`)
 
 	// Wait until every run's stage is running: its command is alive.
 	deadline := time.Now().Add(30 * time.Second)

@@ -174,3 +174,27 @@ func taskView(base, subject, scope string) (jobs.TaskView, error) {
 	}
 	return v, err
 }
+
+// submitSpread posts body to path(i) for i in 0..n-1, spread over pods
+// (request i to pod i mod len(pods)) by six concurrent clients.
+func submitSpread(t *testing.T, pods []*runnerProc, n int, path func(i int) string, body string) {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for w := range 6 {
+		wg.Go(func() {
+			for i := w; i < n; i += 6 {
+				var res jobs.SubmitResult
+				if err := postJSON(pods[i%len(pods)].url+path(i), body, &res); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}

@@ -113,24 +113,7 @@ jobs:
 	// Submit the 300 runs, half to each job, through all three runners.
 	scopeOf := func(i int) string { return []string{"alpha", "beta"}[i%2] }
 	start := time.Now()
-	var wg sync.WaitGroup
-	errs := make(chan error, keys)
-	for w := range 6 {
-		wg.Go(func() {
-			for i := w; i < keys; i += 6 {
-				var res jobs.SubmitResult
-				if err := postJSON(pods[i%3].url+taskPath(subjects[i], scopeOf(i))+"/runs", `{"source":"schedule"}`, &res); err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+	submitSpread(t, pods[:], keys, func(i int) string { return taskPath(subjects[i], scopeOf(i)) + "/runs" }, `{"source":"schedule"}`)
 
 	// pickHolder waits until limit writes from runners not in skip are
 	// accepted at once, and returns the runner with the most of them.
