@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -97,7 +98,15 @@ type Fairness struct {
 	Separator string
 }
 
-var limiterNameRE = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,63}$`)
+// LimiterNamePattern is what a limiter's name must match.
+const LimiterNamePattern = `^[a-z][a-z0-9_-]{0,63}$`
+
+// limiterNameRE is compiled on first use: a bounded repetition compiles to
+// a long program, and every exec stage's supervisor starts this binary.
+var limiterNameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(LimiterNamePattern) })
+
+// ValidLimiterName reports whether name matches LimiterNamePattern.
+func ValidLimiterName(name string) bool { return limiterNameRE().MatchString(name) }
 
 // BurstMax bounds a rate's burst.
 const BurstMax = 1_000_000
@@ -106,8 +115,8 @@ const BurstMax = 1_000_000
 const ConcurrencyMax = 100_000
 
 func (l *Limiter) validate() error {
-	if !limiterNameRE.MatchString(l.Name) {
-		return fmt.Errorf("%w: limiter name %q: want ^[a-z][a-z0-9_-]{0,63}$", ErrConfig, l.Name)
+	if !ValidLimiterName(l.Name) {
+		return fmt.Errorf("%w: limiter name %q: want %s", ErrConfig, l.Name, LimiterNamePattern)
 	}
 	return validateLimits("limiter "+l.Name, l.Concurrency, &l.Rate)
 }

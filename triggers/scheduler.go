@@ -242,7 +242,7 @@ type batchInfo struct {
 	owner string
 }
 
-var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+var nameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`) })
 
 var cronParser = cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
 
@@ -302,8 +302,8 @@ func NewScheduler(rdb redis.UniversalClient, reg *jobs.Registry, cfg SchedulerCo
 			label = fmt.Sprintf("schedule #%d", i+1)
 		}
 		switch {
-		case !nameRE.MatchString(sc.Name):
-			bad("%s: name must match %s", label, nameRE)
+		case !nameRE().MatchString(sc.Name):
+			bad("%s: name must match %s", label, nameRE())
 		case seen[sc.Name]:
 			bad("%s: duplicate name", label)
 		}

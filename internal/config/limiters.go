@@ -1,7 +1,6 @@
 package config
 
 import (
-	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -13,9 +12,6 @@ import (
 // limits and fair share. The jobs package checks the same things again
 // when the registry is built (jobs.ErrConfig); here every problem gets
 // its path.
-
-// limiterNameRE mirrors jobs' limiter names.
-var limiterNameRE = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,63}$`)
 
 // separatorMax bounds a fairness separator.
 const separatorMax = 16
@@ -46,8 +42,8 @@ func checkLimits(ps *problemSet, p string, concurrency int, rate string, burst i
 func (c *Config) validateLimiters(ps *problemSet) {
 	for _, name := range sortedLimiters(c.Limiters) {
 		p := keyPath("limiters", name)
-		if !limiterNameRE.MatchString(name) {
-			ps.addf(p, "invalid limiter name (want ^[a-z][a-z0-9_-]{0,63}$)")
+		if !jobs.ValidLimiterName(name) {
+			ps.addf(p, "invalid limiter name (want %s)", jobs.LimiterNamePattern)
 		}
 		l := c.Limiters[name]
 		if l == nil {

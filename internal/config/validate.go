@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/robfig/cron/v3"
@@ -25,7 +26,7 @@ import (
 // runnerIDMax mirrors jobs.RunnerConfig's limit on runner ids.
 const runnerIDMax = 100
 
-var scheduleNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,63}$`)
+var scheduleNameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,63}$`) })
 
 // ParseCron parses a schedule's cron expression exactly as the scheduler
 // will (triggers.ParseCron), so validation and triggers always agree.
@@ -537,7 +538,7 @@ func (c *Config) validateSchedules(ps *problemSet) {
 		switch {
 		case s.Name == "":
 			ps.addf(p+".name", "required")
-		case !scheduleNameRE.MatchString(s.Name):
+		case !scheduleNameRE().MatchString(s.Name):
 			ps.addf(p+".name", "invalid schedule name %q (want ^[a-z0-9][a-z0-9_.-]{0,63}$)", truncate(s.Name, 70))
 		default:
 			if first, dup := names[s.Name]; dup {

@@ -13,6 +13,7 @@ import (
 	"hash/crc32"
 	"regexp"
 	"strconv"
+	"sync"
 
 	"github.com/tasklease/tasklease/taskkey"
 )
@@ -26,7 +27,7 @@ const (
 	PartitionsMax = 1024
 )
 
-var prefixRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$`)
+var prefixRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$`) })
 
 // ErrConfig is wrapped by construction errors.
 var ErrConfig = errors.New("keyspace: invalid config")
@@ -51,8 +52,8 @@ func New(prefix string, partitions int) (*Space, error) {
 	if partitions == 0 {
 		partitions = PartitionsDefault
 	}
-	if !prefixRE.MatchString(prefix) {
-		return nil, fmt.Errorf("%w: prefix %q must match %s", ErrConfig, prefix, prefixRE)
+	if !prefixRE().MatchString(prefix) {
+		return nil, fmt.Errorf("%w: prefix %q must match %s", ErrConfig, prefix, prefixRE())
 	}
 	if partitions < 1 || partitions > PartitionsMax {
 		return nil, fmt.Errorf("%w: partitions %d must be in 1..%d", ErrConfig, partitions, PartitionsMax)

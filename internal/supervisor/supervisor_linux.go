@@ -9,7 +9,9 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"runtime"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -28,6 +30,9 @@ import (
 const DeathSignal = syscall.SIGUSR1
 
 const (
+	// supervisorNice is a supervisor's niceness once its runner died: the
+	// lowest (see lowerPriority).
+	supervisorNice = 19
 	// leftoverGrace is the SIGTERM→SIGKILL delay for what the command left
 	// behind when it exited by itself (capped by --grace).
 	leftoverGrace = 200 * time.Millisecond
@@ -35,12 +40,12 @@ const (
 	// process stuck in the kernel (D state) takes longer; it then runs no
 	// more user code, and the supervisor exits rather than block the stage.
 	killTimeout = 5 * time.Second
-	// pollMin and pollMax bound the re-walk interval while killing. Each
-	// reaped child also triggers a walk at once (its orphans are now the
-	// supervisor's), so the timer is only the backstop for a fork that
-	// raced the kill.
-	pollMin = 5 * time.Millisecond
-	pollMax = 100 * time.Millisecond
+	// rewalkEvery is the re-walk interval while killing. Each reaped child
+	// triggers a walk at once (its orphans are now the supervisor's), so
+	// the timer is only the backstop for a fork that raced the kill. It
+	// started at 5 ms and doubled; on a host where hundreds of supervisors
+	// wait for the CPU, those walks were most of their cost.
+	rewalkEvery = 100 * time.Millisecond
 )
 
 // Main runs the supervisor with the arguments after the host's supervise
@@ -133,6 +138,7 @@ func (s *supervisor) run() int {
 		s.stop(min(leftoverGrace, s.opts.Grace))
 	case sig := <-s.sigs:
 		if sig == DeathSignal {
+			s.lowerPriority()
 			s.stop(0)
 		} else {
 			s.stop(s.opts.Grace)
@@ -174,6 +180,32 @@ func (s *supervisor) start() (int, error) {
 		Files: []uintptr{devnull.Fd(), 1, 2},
 		Sys:   &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL},
 	})
+}
+
+// lowerPriority sets every thread of the supervisor to niceness
+// supervisorNice when its runner has died. A pod that dies with hundreds
+// of stages wakes hundreds of supervisors at once; at the runner's
+// niceness they would share the CPU one to one with the surviving runners
+// and their Redis, and starve the lease renewals that keep the survivors'
+// runs (issue 1/6). The cleanup does not need to win: its SIGKILLs come a
+// few milliseconds of CPU later even at niceness 19, and a SIGKILL, once
+// sent, is final. The command keeps its niceness, so that once killed it
+// is gone at once. Linux keeps a niceness per thread; a thread the Go
+// runtime starts later inherits its creator's. A supervisor whose runner
+// is alive (cancel, timeout, shutdown) keeps its priority: there, lowering
+// it cost more CPU in the end (more, shorter turns on a busy host).
+func (s *supervisor) lowerPriority() {
+	d, err := os.Open(filepath.Join(s.procRoot, strconv.Itoa(s.self), "task"))
+	if err != nil {
+		return
+	}
+	tids, _ := d.Readdirnames(-1)
+	d.Close()
+	for _, t := range tids {
+		if tid, err := strconv.Atoi(t); err == nil {
+			_ = unix.Setpriority(unix.PRIO_PROCESS, tid, supervisorNice)
+		}
+	}
 }
 
 // startErrno maps a start failure to the errno reported to the runner.
@@ -253,7 +285,6 @@ func (s *supervisor) stop(grace time.Duration) {
 func (s *supervisor) killAll() {
 	deadline := time.NewTimer(killTimeout)
 	defer deadline.Stop()
-	poll := pollMin
 	for {
 		if !s.signalAll(syscall.SIGKILL) {
 			// No /proc: the command is all this process can name. Once it
@@ -266,7 +297,7 @@ func (s *supervisor) killAll() {
 			default:
 			}
 		}
-		t := time.NewTimer(poll)
+		t := time.NewTimer(rewalkEvery)
 		select {
 		case <-s.allGone:
 			t.Stop()
@@ -278,7 +309,6 @@ func (s *supervisor) killAll() {
 			fmt.Fprintf(os.Stderr, "tasklease supervisor: %d descendants still alive %v after SIGKILL; giving up\n", len(ps), killTimeout)
 			return
 		case <-t.C:
-			poll = min(2*poll, pollMax)
 		}
 		t.Stop()
 	}

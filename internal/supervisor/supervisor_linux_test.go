@@ -25,6 +25,9 @@ func TestMain(m *testing.M) {
 		// every successful supervised command.
 		syscall.Exit(Main(os.Args[2:]))
 	}
+	if len(os.Args) > 1 && os.Args[1] == lowerHostArg {
+		os.Exit(lowerPriorityHost())
+	}
 	os.Exit(m.Run())
 }
 
@@ -269,5 +272,77 @@ func TestMainUsage(t *testing.T) {
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), "usage:") {
 		t.Errorf("bad usage: %v, %q", err, out)
+	}
+}
+
+// niceOf reads a thread's niceness (field 19 of its stat).
+func niceOf(t *testing.T, statPath string) (int, bool) {
+	t.Helper()
+	b, err := os.ReadFile(statPath)
+	if err != nil {
+		return 0, false // the thread exited
+	}
+	_, after, _ := bytes.Cut(b, []byte(") "))
+	f := strings.Fields(string(after))
+	var n int
+	if _, err := fmt.Sscan(f[16], &n); err != nil {
+		t.Fatalf("%s: nice %q: %v", statPath, f[16], err)
+	}
+	return n, true
+}
+
+// lowerHostArg runs lowerPriorityHost instead of the supervisor.
+const lowerHostArg = "__supervisor-test-lower-priority"
+
+// lowerPriorityHost starts a child, calls lowerPriority as a supervisor
+// would, and prints the niceness of each of its threads, then the child's.
+func lowerPriorityHost() int {
+	child := exec.Command("sleep", "30")
+	if err := child.Start(); err != nil {
+		fmt.Println(err)
+		return 1
+	}
+	defer child.Process.Kill()
+	s := &supervisor{procRoot: "/proc", self: os.Getpid()}
+	s.lowerPriority()
+	tasks, _ := filepath.Glob("/proc/self/task/*/stat")
+	tasks = append(tasks, fmt.Sprintf("/proc/%d/stat", child.Process.Pid))
+	for _, task := range tasks {
+		b, err := os.ReadFile(task)
+		if err != nil {
+			continue
+		}
+		_, after, _ := bytes.Cut(b, []byte(") "))
+		fmt.Println(strings.Fields(string(after))[16])
+	}
+	return 0
+}
+
+// TestLowerPriority: a supervisor whose runner died sets each of its
+// threads to niceness 19, so hundreds of supervisors cleaning up after a
+// dead pod do not starve the surviving runners' lease renewals; the
+// command keeps its niceness, so it dies at once when killed.
+func TestLowerPriority(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(exe, lowerHostArg).Output()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	own, _ := niceOf(t, "/proc/self/stat")
+	lines := strings.Fields(string(out))
+	if len(lines) < 3 { // the Go runtime has several threads, plus the child
+		t.Fatalf("output %q", out)
+	}
+	threads, child := lines[:len(lines)-1], lines[len(lines)-1]
+	for i, n := range threads {
+		if n != fmt.Sprint(supervisorNice) {
+			t.Errorf("thread %d of %d at niceness %s; want %d", i+1, len(threads), n, supervisorNice)
+		}
+	}
+	if child != fmt.Sprint(own) {
+		t.Errorf("the command at niceness %s; want its runner's %d", child, own)
 	}
 }
