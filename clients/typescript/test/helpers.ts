@@ -33,13 +33,13 @@ export function subject(prefix = "u"): string {
 }
 
 /** Polls cond until it returns a truthy value, or fails after ms. */
-export async function waitFor<T>(what: string, cond: () => T | Promise<T>, ms = 10_000): Promise<NonNullable<T>> {
+export async function waitFor<T>(what: string, cond: () => T | Promise<T>, ms = 10_000): Promise<Exclude<T, false | null | undefined | "" | 0>> {
   const deadline = Date.now() + ms;
   let last: unknown;
   for (;;) {
     try {
       const v = await cond();
-      if (v) return v as NonNullable<T>;
+      if (v) return v as Exclude<T, false | null | undefined | "" | 0>;
     } catch (e) {
       last = e;
     }
