@@ -48,12 +48,12 @@ export async function waitFor<T>(what: string, cond: () => T | Promise<T>, ms = 
   }
 }
 
-/** A fetch that records every URL and Authorization header it sends. */
+/** A fetch that records every URL, Authorization header and AbortSignal it sends. */
 export function recordingFetch() {
-  const calls: { url: string; auth: string | null }[] = [];
+  const calls: { url: string; auth: string | null; signal: AbortSignal | undefined }[] = [];
   const f: typeof fetch = (input, init) => {
     const url = typeof input === "string" ? input : input instanceof URL ? input.href : input.url;
-    calls.push({ url, auth: new Headers(init?.headers).get("Authorization") });
+    calls.push({ url, auth: new Headers(init?.headers).get("Authorization"), signal: init?.signal ?? undefined });
     return fetch(input, init);
   };
   return { fetch: f, calls };
