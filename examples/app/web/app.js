@@ -1,0 +1,1 @@
+// built by `npm run build` from src/ (see package.json)
