@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+
+	"github.com/tasklease/tasklease/internal/browsertest"
 )
 
 // TestBrowserConsoleCounts checks the console's own functions on crafted
@@ -16,17 +18,17 @@ import (
 // say "in stream"), and a gone runner's row shows no runs held.
 func TestBrowserConsoleCounts(t *testing.T) {
 	t.Setenv("TASKLEASE_TOKEN", "")
-	chromiumPath(t)
+	browsertest.ChromiumPath(t)
 	srv := startServe(t, browserConfig)
-	b := newBrowser(t, srv.url)
-	b.run("open the console", chromedp.Navigate(srv.url+"/"))
-	b.until(20*time.Second, "the first load", `document.body.dataset.ready === "1"`)
+	b := browsertest.New(t, browsertest.Options{})
+	b.Run("open the console", chromedp.Navigate(srv.url+"/"))
+	b.Until(20*time.Second, "the first load", `document.body.dataset.ready === "1"`)
 
 	// Five runs executing, none waiting: the partition queues hold their
 	// five taken entries (queue.stream), every card shows 0 queued.
 	header := func(overview string) string {
 		t.Helper()
-		text, err := chromedp.Run(b.ctx, chromedp.Evaluate[string](`(() => { renderQueue(`+overview+`); return document.querySelector('#queue-depth').textContent })()`))
+		text, err := chromedp.Run(b.Ctx, chromedp.Evaluate[string](`(() => { renderQueue(`+overview+`); return document.querySelector('#queue-depth').textContent })()`))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -48,7 +50,7 @@ func TestBrowserConsoleCounts(t *testing.T) {
 	// A runner SIGKILLed with a run claimed: its last report said 1 of 16.
 	active := func(runner string) string {
 		t.Helper()
-		text, err := chromedp.Run(b.ctx, chromedp.Evaluate[string](`runnerRow(`+runner+`).querySelector('[data-field="active"]').textContent`))
+		text, err := chromedp.Run(b.Ctx, chromedp.Evaluate[string](`runnerRow(`+runner+`).querySelector('[data-field="active"]').textContent`))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -71,16 +73,16 @@ func TestBrowserConsoleCounts(t *testing.T) {
 // while there is none.
 func TestBrowserConsoleLimiters(t *testing.T) {
 	t.Setenv("TASKLEASE_TOKEN", "")
-	chromiumPath(t)
+	browsertest.ChromiumPath(t)
 	srv := startServe(t, limitedConfig)
-	b := newBrowser(t, srv.url)
-	b.run("open the console", chromedp.Navigate(srv.url+"/"))
-	b.until(20*time.Second, "the first load", `document.body.dataset.ready === "1"`)
-	b.until(10*time.Second, "the limiters listed",
+	b := browsertest.New(t, browsertest.Options{})
+	b.Run("open the console", chromedp.Navigate(srv.url+"/"))
+	b.Until(20*time.Second, "the first load", `document.body.dataset.ready === "1"`)
+	b.Until(10*time.Second, "the limiters listed",
 		`!$("limiters-section").hidden && document.querySelector('#limiters tr[data-limiter="remote_store"]') !== null`)
 	cell := func(limiter, f string) string {
 		t.Helper()
-		text, err := chromedp.Run(b.ctx, chromedp.Evaluate[string](fmt.Sprintf(
+		text, err := chromedp.Run(b.Ctx, chromedp.Evaluate[string](fmt.Sprintf(
 			`(document.querySelector('#limiters tr[data-limiter=%q] [data-field=%q]')?.textContent ?? "").trim()`, limiter, f)))
 		if err != nil {
 			t.Fatal(err)
@@ -98,7 +100,7 @@ func TestBrowserConsoleLimiters(t *testing.T) {
 	}
 	// Crafted answers: a full limiter held by a retry-after, one without a
 	// cap; then none at all.
-	b.run("render crafted limiters", js(`renderLimiters([
+	b.Run("render crafted limiters", browsertest.JS(`renderLimiters([
 		{name: "remote_store", concurrency: 50, inUse: 50, rate: "20/s", burst: 10, waiting: 7,
 		 heldUntil: new Date(Date.now() + 60000).toISOString(), jobs: ["okjob"]},
 		{name: "slow", rate: "5/m", burst: 1, inUse: 0, waiting: 1, jobs: []}])`))
@@ -114,12 +116,12 @@ func TestBrowserConsoleLimiters(t *testing.T) {
 	if got := cell("slow", "in-use"); got != "no cap" {
 		t.Errorf("limiter without a concurrency: %q, want no cap", got)
 	}
-	note, err := chromedp.Run(b.ctx, chromedp.Evaluate[string](`$("limiters-note").textContent`))
+	note, err := chromedp.Run(b.Ctx, chromedp.Evaluate[string](`$("limiters-note").textContent`))
 	if err != nil || note != "2 limiters · 8 runs waiting · 1 held" {
 		t.Errorf("note: %q, %v", note, err)
 	}
-	b.run("render no limiters", js(`renderLimiters([])`))
-	b.until(5*time.Second, "the section hidden", `$("limiters-section").hidden`)
+	b.Run("render no limiters", browsertest.JS(`renderLimiters([])`))
+	b.Until(5*time.Second, "the section hidden", `$("limiters-section").hidden`)
 
 	// Five runs of slowjob (they run until cancelled) for its own limit of
 	// three: three hold a slot, two wait.
@@ -130,8 +132,8 @@ func TestBrowserConsoleLimiters(t *testing.T) {
 		}
 		res.Body.Close()
 	}
-	b.until(20*time.Second, "three in use, two waiting",
+	b.Until(20*time.Second, "three in use, two waiting",
 		`(document.querySelector('#limiters tr[data-limiter="job.slowjob"] [data-field="in-use"]')?.textContent ?? "").trim() === "3 / 3" &&
 		 (document.querySelector('#limiters tr[data-limiter="job.slowjob"] [data-field="waiting"]')?.textContent ?? "").trim() === "2"`)
-	b.shot("console-limiters")
+	b.Shot("console-limiters")
 }

@@ -1,33 +1,24 @@
 package main
 
 // The operator console in real headless Chromium (Debian's chromium
-// package; .ci/run installs it): a runner on the embedded default, driven
-// through the page as an operator would, with every request the page makes
-// checked to go to the runner itself. Screenshots are saved to
-// $TASKLEASE_ARTIFACTS (or the test's temp dir); README's screenshot is the
-// "console" one.
+// package; .ci/run installs it; internal/browsertest drives it): a runner
+// on the embedded default, driven through the page as an operator would,
+// with every request the page makes checked to go to the runner itself.
+// Screenshots are saved to $TASKLEASE_ARTIFACTS (or the test's temp dir);
+// README's screenshot is the "console" one.
 
 import (
-	"context"
 	"fmt"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
 
+	"github.com/tasklease/tasklease/internal/browsertest"
 	"github.com/tasklease/tasklease/jobs"
 )
-
-// requireBrowserEnv makes a missing Chromium a failure instead of a skip
-// (set by .ci/run).
-const requireBrowserEnv = "TASKLEASE_REQUIRE_BROWSER"
 
 // browserConfig: the embedded default (no redis, no jobs: the demo jobs)
 // plus a schedule for the schedules view, hourly so it does not fire
@@ -44,154 +35,6 @@ schedules:
     subjects: all
 `
 
-// chromiumPath finds Chromium, or skips (fails with TASKLEASE_REQUIRE_BROWSER=1).
-func chromiumPath(t *testing.T) string {
-	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	if os.Getenv(requireBrowserEnv) == "1" {
-		t.Fatalf("no chromium on PATH and %s=1", requireBrowserEnv)
-	}
-	t.Skip("no chromium on PATH (apt-get install chromium)")
-	return ""
-}
-
-// browser is one headless Chromium tab on base, recording every URL it
-// requests.
-type browser struct {
-	t    *testing.T
-	ctx  context.Context
-	base string
-	dir  string // screenshots
-
-	mu   sync.Mutex
-	urls []string
-}
-
-func newBrowser(t *testing.T, base string) *browser {
-	t.Helper()
-	path := chromiumPath(t)
-	opts := []chromedp.ExecAllocatorOption{
-		chromedp.ExecPath(path),
-		chromedp.Flag("headless", true),
-		chromedp.NoSandbox,
-		chromedp.DisableGPU,
-		chromedp.Flag("disable-quic", true),
-		chromedp.NoFirstRun,
-		chromedp.NoDefaultBrowserCheck,
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.Flag("disable-default-apps", true),
-		chromedp.Flag("disable-extensions", true),
-		chromedp.UserDataDir(t.TempDir()),
-		chromedp.WindowSize(1440, 1000),
-	}
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	ctx, cancelTab := chromedp.NewContext(actx)
-	ctx, cancelTimeout := context.WithTimeout(ctx, 3*time.Minute)
-	t.Cleanup(func() { cancelTimeout(); cancelTab(); cancelAlloc() })
-	dir := os.Getenv("TASKLEASE_ARTIFACTS")
-	if dir == "" {
-		dir = t.TempDir()
-	} else if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	b := &browser{t: t, ctx: ctx, base: base, dir: dir}
-	err := chromedp.Listen(ctx, func(ev any) {
-		if e, ok := ev.(*network.EventRequestWillBeSent); ok {
-			b.mu.Lock()
-			b.urls = append(b.urls, e.Request.URL)
-			b.mu.Unlock()
-		}
-	})
-	if err != nil {
-		t.Fatalf("chromium: %v", err)
-	}
-	return b
-}
-
-func (b *browser) run(what string, actions ...chromedp.Action[chromedp.Void]) {
-	b.t.Helper()
-	if err := chromedp.Do(b.ctx, actions...); err != nil {
-		b.shot("failed")
-		b.t.Fatalf("%s: %v", what, err)
-	}
-}
-
-// until polls a JavaScript condition (an expression yielding a boolean)
-// until it holds, failing after d with the page's text for context.
-func (b *browser) until(d time.Duration, what, expr string) {
-	b.t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		ok, err := chromedp.Run(b.ctx, chromedp.Evaluate[bool]("Boolean("+expr+")"))
-		if err != nil {
-			b.t.Fatalf("%s: %v", what, err)
-		}
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			b.shot("timeout")
-			text, _ := chromedp.Run(b.ctx, chromedp.Evaluate[string](`document.body.innerText.slice(0, 3000)`))
-			b.t.Fatalf("timed out after %s waiting for %s; page:\n%s", d, what, text)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// press clicks the element sel finds, in the page, in the same step that
-// finds it: rows and cards are re-rendered by live updates, so a node the
-// test looked up first may be gone by the time a separate click lands
-// ("Could not find node with given id"). It waits for the element.
-func (b *browser) press(what, sel string) {
-	b.t.Helper()
-	b.until(10*time.Second, what, fmt.Sprintf(`(() => { const el = document.querySelector(%q); if (!el || el.disabled) return false; el.click(); return true })()`, sel))
-}
-
-// soon polls a JavaScript condition for at most d and reports whether it
-// held; for what only makes a screenshot nicer.
-func (b *browser) soon(d time.Duration, expr string) bool {
-	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if ok, err := chromedp.Run(b.ctx, chromedp.Evaluate[bool]("Boolean("+expr+")")); err == nil && ok {
-			return true
-		}
-	}
-	return false
-}
-
-// shot saves a full-page screenshot as <dir>/<name>.png.
-func (b *browser) shot(name string) {
-	buf, err := chromedp.Run(b.ctx, chromedp.FullScreenshot(100))
-	if err != nil {
-		b.t.Logf("screenshot %s: %v", name, err)
-		return
-	}
-	p := filepath.Join(b.dir, name+".png")
-	if err := os.WriteFile(p, buf, 0o644); err != nil {
-		b.t.Logf("screenshot %s: %v", name, err)
-		return
-	}
-	b.t.Logf("screenshot: %s", p)
-}
-
-// foreign returns the requested URLs not on the runner's own origin.
-func (b *browser) foreign() []string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	var out []string
-	for _, u := range b.urls {
-		if !strings.HasPrefix(u, b.base+"/") && u != b.base && !strings.HasPrefix(u, "data:") {
-			out = append(out, u)
-		}
-	}
-	return out
-}
-
 // row is the JavaScript for a task row's element (or null).
 func row(key string) string {
 	return fmt.Sprintf("document.querySelector('#tasks tr[data-key=%q]')", key)
@@ -199,14 +42,6 @@ func row(key string) string {
 
 func field(key, name string) string {
 	return fmt.Sprintf("(%s?.querySelector('[data-field=%q]')?.textContent ?? '').trim()", row(key), name)
-}
-
-// js is an action that runs a script for its effect.
-func js(expr string) chromedp.Action[chromedp.Void] {
-	return chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
-		_, err := chromedp.Evaluate[any](expr)(ctx, t)
-		return err
-	})
 }
 
 // rowButton is the CSS selector of a button in a task row.
@@ -225,37 +60,37 @@ func postAPI(t *testing.T, base, path, body string) {
 
 func TestBrowserConsole(t *testing.T) {
 	t.Setenv("TASKLEASE_TOKEN", "")
-	chromiumPath(t)
+	browsertest.ChromiumPath(t)
 	srv := startServe(t, browserConfig)
-	b := newBrowser(t, srv.url)
-	b.run("open the console", chromedp.Navigate(srv.url+"/"))
-	b.until(20*time.Second, "the first load", `document.body.dataset.ready === "1"`)
-	b.until(10*time.Second, "the live feed", `document.querySelector('#conn').dataset.state === "live"`)
+	b := browsertest.New(t, browsertest.Options{})
+	b.Run("open the console", chromedp.Navigate(srv.url+"/"))
+	b.Until(20*time.Second, "the first load", `document.body.dataset.ready === "1"`)
+	b.Until(10*time.Second, "the live feed", `document.querySelector('#conn').dataset.state === "live"`)
 
 	// Sync now: the row appears and its stage changes live, pulling → pushing.
-	b.run("sync now u42", chromedp.SetValue(chromedp.CSS("#submit-subject"), "u42"),
+	b.Run("sync now u42", chromedp.SetValue(chromedp.CSS("#submit-subject"), "u42"),
 		chromedp.SetValue(chromedp.CSS("#submit-scope"), "course_sync"), chromedp.Click(chromedp.CSS("#submit-btn")))
-	b.until(10*time.Second, "u42 pulling", field("u42|course_sync", "stage")+` === "pulling"`)
+	b.Until(10*time.Second, "u42 pulling", field("u42|course_sync", "stage")+` === "pulling"`)
 	// Again while it runs: the page says it is already running.
-	b.run("sync now u42 again", chromedp.Click(chromedp.CSS("#submit-btn")))
-	b.until(5*time.Second, "already running", `/already (running|queued) since/.test(document.querySelector('#submit-result').textContent)`)
-	b.until(10*time.Second, "u42 pushing, live", field("u42|course_sync", "stage")+` === "pushing"`)
-	b.until(10*time.Second, "u42 done", field("u42|course_sync", "status")+` === "done"`)
+	b.Run("sync now u42 again", chromedp.Click(chromedp.CSS("#submit-btn")))
+	b.Until(5*time.Second, "already running", `/already (running|queued) since/.test(document.querySelector('#submit-result').textContent)`)
+	b.Until(10*time.Second, "u42 pushing, live", field("u42|course_sync", "stage")+` === "pushing"`)
+	b.Until(10*time.Second, "u42 done", field("u42|course_sync", "status")+` === "done"`)
 
 	// Cancel a running run from its row.
-	b.run("sync now u43", chromedp.SetValue(chromedp.CSS("#submit-subject"), "u43"), chromedp.Click(chromedp.CSS("#submit-btn")))
-	b.until(10*time.Second, "u43 running", field("u43|course_sync", "status")+` === "running"`)
-	b.press("cancel u43", rowButton("u43|course_sync", "cancel"))
-	b.until(10*time.Second, "u43 cancelled", field("u43|course_sync", "status")+` === "cancelled"`)
+	b.Run("sync now u43", chromedp.SetValue(chromedp.CSS("#submit-subject"), "u43"), chromedp.Click(chromedp.CSS("#submit-btn")))
+	b.Until(10*time.Second, "u43 running", field("u43|course_sync", "status")+` === "running"`)
+	b.Press("cancel u43", rowButton("u43|course_sync", "cancel"))
+	b.Until(10*time.Second, "u43 cancelled", field("u43|course_sync", "status")+` === "cancelled"`)
 
 	// A failing run (demo subjects fail*) retried from the page: a new run.
-	b.run("sync now fail-1", chromedp.SetValue(chromedp.CSS("#submit-subject"), "fail-1"), chromedp.Click(chromedp.CSS("#submit-btn")))
-	b.until(15*time.Second, "fail-1 failed", field("fail-1|course_sync", "status")+` === "failed"`)
+	b.Run("sync now fail-1", chromedp.SetValue(chromedp.CSS("#submit-subject"), "fail-1"), chromedp.Click(chromedp.CSS("#submit-btn")))
+	b.Until(15*time.Second, "fail-1 failed", field("fail-1|course_sync", "status")+` === "failed"`)
 	first, err := taskView(srv.url, "fail-1", "course_sync")
 	if err != nil {
 		t.Fatal(err)
 	}
-	b.press("retry fail-1", rowButton("fail-1|course_sync", "retry"))
+	b.Press("retry fail-1", rowButton("fail-1|course_sync", "retry"))
 	eventually(t, 10*time.Second, "a new run of fail-1", func() error {
 		v, err := taskView(srv.url, "fail-1", "course_sync")
 		if err == nil && v.RunID == first.RunID {
@@ -263,13 +98,13 @@ func TestBrowserConsole(t *testing.T) {
 		}
 		return err
 	})
-	b.until(15*time.Second, "fail-1 failed again", field("fail-1|course_sync", "status")+` === "failed"`)
+	b.Until(15*time.Second, "fail-1 failed again", field("fail-1|course_sync", "status")+` === "failed"`)
 
 	// Pause a scope: a new request waits; resume: it runs.
 	card := `document.querySelector('[data-scope-card="backup"]')`
-	b.press("pause backup", `[data-scope-card="backup"] button[data-action="pause"]`)
-	b.until(10*time.Second, "backup shown paused", card+`?.querySelector('.paused-badge') != null`)
-	b.run("sync now backup", chromedp.SetValue(chromedp.CSS("#submit-subject"), "nightly"),
+	b.Press("pause backup", `[data-scope-card="backup"] button[data-action="pause"]`)
+	b.Until(10*time.Second, "backup shown paused", card+`?.querySelector('.paused-badge') != null`)
+	b.Run("sync now backup", chromedp.SetValue(chromedp.CSS("#submit-subject"), "nightly"),
 		chromedp.SetValue(chromedp.CSS("#submit-scope"), "backup"), chromedp.Click(chromedp.CSS("#submit-btn")))
 	eventually(t, 10*time.Second, "nightly parked by the pause", func() error {
 		v, err := taskView(srv.url, "nightly", "backup")
@@ -278,30 +113,30 @@ func TestBrowserConsole(t *testing.T) {
 		}
 		return err
 	})
-	b.until(10*time.Second, "nightly shown queued", field("nightly|backup", "status")+` === "queued"`)
-	b.press("resume backup", `[data-scope-card="backup"] button[data-action="resume"]`)
-	b.until(10*time.Second, "backup shown active", card+`?.querySelector('.paused-badge') == null`)
-	b.until(15*time.Second, "nightly running", `["running", "done"].includes(`+field("nightly|backup", "status")+`)`)
+	b.Until(10*time.Second, "nightly shown queued", field("nightly|backup", "status")+` === "queued"`)
+	b.Press("resume backup", `[data-scope-card="backup"] button[data-action="resume"]`)
+	b.Until(10*time.Second, "backup shown active", card+`?.querySelector('.paused-badge') == null`)
+	b.Until(15*time.Second, "nightly running", `["running", "done"].includes(`+field("nightly|backup", "status")+`)`)
 
 	// The detail timeline shows coalesced repeats: five schedule joins.
 	postAPI(t, srv.url, "/v1/tasks/u77/course_sync/runs", `{"source":"manual"}`)
 	for range 5 {
 		postAPI(t, srv.url, "/v1/tasks/u77/course_sync/runs", `{"source":"schedule"}`)
 	}
-	b.until(10*time.Second, "u77 listed", row("u77|course_sync")+` != null`)
-	b.press("open u77's detail", rowButton("u77|course_sync", "detail"))
-	b.until(10*time.Second, "the timeline with joined ×5",
+	b.Until(10*time.Second, "u77 listed", row("u77|course_sync")+` != null`)
+	b.Press("open u77's detail", rowButton("u77|course_sync", "detail"))
+	b.Until(10*time.Second, "the timeline with joined ×5",
 		`document.querySelector('#detail').dataset.key === "u77|course_sync" && [...document.querySelectorAll('#timeline > li')].some(li => /joined/.test(li.textContent) && /×5/.test(li.textContent) && /schedule/.test(li.textContent))`)
-	b.until(10*time.Second, "the lease holder shown", `/console-test\//.test(document.querySelector('#detail [data-field="holder"]')?.textContent ?? '')`)
-	b.shot("detail")
-	b.run("close the detail", chromedp.Click(chromedp.CSS("#detail-close")))
+	b.Until(10*time.Second, "the lease holder shown", `/console-test\//.test(document.querySelector('#detail [data-field="holder"]')?.textContent ?? '')`)
+	b.Shot("detail")
+	b.Run("close the detail", chromedp.Click(chromedp.CSS("#detail-close")))
 
 	// Runners and schedules list what is really there.
-	b.until(10*time.Second, "this runner alive", `[...document.querySelectorAll('#runners tr[data-owner]')].some(tr => tr.dataset.owner.startsWith("console-test/") && tr.querySelector('[data-field="state"]').textContent.trim() === "alive")`)
-	b.until(10*time.Second, "the schedule listed", `document.querySelector('#schedules tr[data-schedule="demo-hourly"] [data-field="next"]')?.textContent.trim() !== ""`)
+	b.Until(10*time.Second, "this runner alive", `[...document.querySelectorAll('#runners tr[data-owner]')].some(tr => tr.dataset.owner.startsWith("console-test/") && tr.querySelector('[data-field="state"]').textContent.trim() === "alive")`)
+	b.Until(10*time.Second, "the schedule listed", `document.querySelector('#schedules tr[data-schedule="demo-hourly"] [data-field="next"]')?.textContent.trim() !== ""`)
 	// The hourly schedule never fires twice here: the summary of a
 	// schedule's earlier fan-outs is checked on the page's own function.
-	b.until(5*time.Second, "earlier fan-outs summed up", `earlierFanOuts([
+	b.Until(5*time.Second, "earlier fan-outs summed up", `earlierFanOuts([
 		{done: true, startedAt: "2026-12-03T02:00:00Z", finishedAt: "2026-12-03T02:00:03.5Z"},
 		{done: true, abandoned: true, startedAt: "2026-12-03T01:00:00Z", finishedAt: "2026-12-03T01:30:00Z"},
 		{done: true, startedAt: "2026-12-03T00:00:00Z", finishedAt: "2026-12-03T00:00:01Z"}]).textContent === "earlier: 2 done · 1 abandoned · longest 3.5 s" && earlierFanOuts([]) === null`)
@@ -310,36 +145,36 @@ func TestBrowserConsole(t *testing.T) {
 	for _, s := range []string{"m1", "m2", "m3"} {
 		postAPI(t, srv.url, "/v1/tasks/"+s+"/message_sync/runs", `{"source":"schedule"}`)
 	}
-	b.run("filter message_sync", chromedp.SetValue(chromedp.CSS("#filter-scope"), "message_sync"),
-		js(`document.querySelector('#filter-scope').dispatchEvent(new Event('change', {bubbles: true}))`))
-	b.until(10*time.Second, "only message_sync rows", `[...document.querySelectorAll('#tasks tr[data-key]')].length === 3 && [...document.querySelectorAll('#tasks tr[data-key]')].every(tr => tr.dataset.key.endsWith("|message_sync"))`)
-	b.run("cancel all matching", chromedp.Click(chromedp.CSS("#cancel-matching")))
-	b.until(10*time.Second, "the confirmation naming 3 tasks", `document.querySelector('#confirm-dialog').open && /\b3\b/.test(document.querySelector('#confirm-text').textContent)`)
-	b.run("confirm", chromedp.Click(chromedp.CSS("#confirm-ok")))
+	b.Run("filter message_sync", chromedp.SetValue(chromedp.CSS("#filter-scope"), "message_sync"),
+		browsertest.JS(`document.querySelector('#filter-scope').dispatchEvent(new Event('change', {bubbles: true}))`))
+	b.Until(10*time.Second, "only message_sync rows", `[...document.querySelectorAll('#tasks tr[data-key]')].length === 3 && [...document.querySelectorAll('#tasks tr[data-key]')].every(tr => tr.dataset.key.endsWith("|message_sync"))`)
+	b.Run("cancel all matching", chromedp.Click(chromedp.CSS("#cancel-matching")))
+	b.Until(10*time.Second, "the confirmation naming 3 tasks", `document.querySelector('#confirm-dialog').open && /\b3\b/.test(document.querySelector('#confirm-text').textContent)`)
+	b.Run("confirm", chromedp.Click(chromedp.CSS("#confirm-ok")))
 	for _, s := range []string{"m1", "m2", "m3"} {
-		b.until(10*time.Second, s+" cancelled", field(s+"|message_sync", "status")+` === "cancelled"`)
+		b.Until(10*time.Second, s+" cancelled", field(s+"|message_sync", "status")+` === "cancelled"`)
 	}
-	b.run("clear the filter", chromedp.SetValue(chromedp.CSS("#filter-scope"), ""),
-		js(`document.querySelector('#filter-scope').dispatchEvent(new Event('change', {bubbles: true}))`))
+	b.Run("clear the filter", chromedp.SetValue(chromedp.CSS("#filter-scope"), ""),
+		browsertest.JS(`document.querySelector('#filter-scope').dispatchEvent(new Event('change', {bubbles: true}))`))
 
 	// The README screenshot: running, done, failed and paused work at once.
-	b.press("pause message_sync", `[data-scope-card="message_sync"] button[data-action="pause"]`)
-	b.until(10*time.Second, "message_sync shown paused", `document.querySelector('[data-scope-card="message_sync"] .paused-badge') != null`)
+	b.Press("pause message_sync", `[data-scope-card="message_sync"] button[data-action="pause"]`)
+	b.Until(10*time.Second, "message_sync shown paused", `document.querySelector('[data-scope-card="message_sync"] .paused-badge') != null`)
 	postAPI(t, srv.url, "/v1/tasks/inbox-7/message_sync/runs", `{"source":"foreground"}`)
 	for _, s := range []string{"u100", "u101", "u102"} {
 		postAPI(t, srv.url, "/v1/tasks/"+s+"/course_sync/runs", `{"source":"manual"}`)
 	}
 	postAPI(t, srv.url, "/v1/tasks/fail-2/backup/runs", `{"source":"schedule"}`)
-	b.until(15*time.Second, "running, done, failed and paused rows",
+	b.Until(15*time.Second, "running, done, failed and paused rows",
 		`["running", "done", "failed"].every(s => [...document.querySelectorAll('#tasks [data-field="status"]')].some(td => td.textContent.trim() === s)) && /paused/i.test(`+row("inbox-7|message_sync")+`?.textContent ?? '')`)
 	// Cosmetic, so not a failure: the overview and runners views refresh
 	// every few seconds, and the demo runs may end before they show them.
-	b.soon(6*time.Second, `Number(document.querySelector('[data-scope-card="course_sync"] [data-count="running"]').textContent) >= 3 && `+
+	b.Soon(6*time.Second, `Number(document.querySelector('[data-scope-card="course_sync"] [data-count="running"]').textContent) >= 3 && `+
 		`parseInt(document.querySelector('#runners [data-field="active"]')?.textContent ?? '0') >= 3`)
-	b.run("dismiss the toasts", js(`document.querySelector('#toasts').replaceChildren()`))
-	b.shot("console")
+	b.Run("dismiss the toasts", browsertest.JS(`document.querySelector('#toasts').replaceChildren()`))
+	b.Shot("console")
 
-	if f := b.foreign(); len(f) > 0 {
+	if f := b.Foreign(srv.url); len(f) > 0 {
 		t.Errorf("the page requested other hosts: %v", f)
 	}
 }
@@ -348,18 +183,18 @@ func TestBrowserConsole(t *testing.T) {
 // shows the feed disconnected until it has it, then loads.
 func TestBrowserConsoleToken(t *testing.T) {
 	t.Setenv("TASKLEASE_TOKEN", "")
-	chromiumPath(t)
+	browsertest.ChromiumPath(t)
 	srv := startServe(t, browserConfig+"http:\n  token: s3cret-token\n")
-	b := newBrowser(t, srv.url)
-	b.run("open the console", chromedp.Navigate(srv.url+"/"))
-	b.until(10*time.Second, "the token prompt", `document.querySelector('#token-dialog').open`)
-	b.until(10*time.Second, "the feed shown disconnected",
+	b := browsertest.New(t, browsertest.Options{})
+	b.Run("open the console", chromedp.Navigate(srv.url+"/"))
+	b.Until(10*time.Second, "the token prompt", `document.querySelector('#token-dialog').open`)
+	b.Until(10*time.Second, "the feed shown disconnected",
 		`document.querySelector('#conn').dataset.state === "reconnecting" && /disconnected, reconnecting/.test(document.querySelector('#conn').textContent)`)
-	b.shot("token-prompt")
-	b.run("enter the token", chromedp.SetValue(chromedp.CSS("#token-input"), "s3cret-token"), chromedp.Click(chromedp.CSS("#token-save")))
-	b.until(20*time.Second, "the first load", `document.body.dataset.ready === "1"`)
-	b.until(15*time.Second, "the live feed", `document.querySelector('#conn').dataset.state === "live"`)
-	stored, err := chromedp.Run(b.ctx, chromedp.Evaluate[string](`JSON.stringify(Object.keys(localStorage)) + JSON.stringify(document.cookie)`))
+	b.Shot("token-prompt")
+	b.Run("enter the token", chromedp.SetValue(chromedp.CSS("#token-input"), "s3cret-token"), chromedp.Click(chromedp.CSS("#token-save")))
+	b.Until(20*time.Second, "the first load", `document.body.dataset.ready === "1"`)
+	b.Until(15*time.Second, "the live feed", `document.querySelector('#conn').dataset.state === "live"`)
+	stored, err := chromedp.Run(b.Ctx, chromedp.Evaluate[string](`JSON.stringify(Object.keys(localStorage)) + JSON.stringify(document.cookie)`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -370,7 +205,7 @@ func TestBrowserConsoleToken(t *testing.T) {
 	if code, err := getJSON(srv.url+"/v1/scopes", "", nil); err != nil || code != http.StatusUnauthorized {
 		t.Errorf("GET /v1/scopes without the token: %d %v, want 401", code, err)
 	}
-	if f := b.foreign(); len(f) > 0 {
+	if f := b.Foreign(srv.url); len(f) > 0 {
 		t.Errorf("the page requested other hosts: %v", f)
 	}
 }

@@ -37,6 +37,7 @@ import (
 var readmeTestBlocks = []string{
 	"tour/serve", "tour/client", "tour/json", // TestREADMETour
 	"walkthrough/serve", "walkthrough/client", "walkthrough/trace", // TestREADMEWalkthrough
+	"example-app/runner", "example-app/app", // examples/app: TestDocsExampleAppCommands (docs/example-app.md)
 }
 
 // readmeBlocks returns the marked shell blocks of README.md and docs/*.md
