@@ -348,8 +348,7 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// (allow, auth.go).
 		p, msg := a.authenticate(r)
 		if msg != "" {
-			rec.Header().Set("WWW-Authenticate", `Bearer realm="tasklease"`)
-			writeError(rec, http.StatusUnauthorized, "unauthorized", msg)
+			unauthorized(rec, msg)
 			return
 		}
 		r = r.WithContext(context.WithValue(r.Context(), principalKey{}, p))
@@ -466,6 +465,12 @@ func (a *api) fail(w http.ResponseWriter, r *http.Request, err error) {
 			slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("error", err))
 		writeError(w, http.StatusServiceUnavailable, "unavailable", "redis unavailable")
 	}
+}
+
+// unauthorized answers 401 with the Bearer challenge (RFC 6750).
+func unauthorized(w http.ResponseWriter, msg string) {
+	w.Header().Set("WWW-Authenticate", `Bearer realm="tasklease"`)
+	writeError(w, http.StatusUnauthorized, "unauthorized", msg)
 }
 
 func writeError(w http.ResponseWriter, status int, code, msg string) {

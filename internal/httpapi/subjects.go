@@ -149,6 +149,13 @@ func (a *api) subjectEvents(w http.ResponseWriter, r *http.Request) {
 	allowScope := func(string) bool { return true }
 	var expires <-chan time.Time
 	if p.role == roleSubject {
+		// Verification allows exp a few seconds of clock skew; a stream
+		// does not: it would end at once, and a client reconnecting with
+		// the same token would loop. The 401 tells it to get a new one.
+		if !time.Now().Before(p.grant.Expires) {
+			unauthorized(w, "subject token expired: a stream needs one that has not")
+			return
+		}
 		allowScope = p.grant.AllowsScope
 		t := time.NewTimer(time.Until(p.grant.Expires))
 		defer t.Stop()

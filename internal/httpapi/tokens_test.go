@@ -326,6 +326,18 @@ func TestSubjectStream(t *testing.T) {
 	}
 }
 
+// TestSubjectStreamRefusesExpiredToken: a token past its exp but within
+// the verification's leeway still opens the other routes, but not a
+// stream, which would end at once: a client reconnecting with it would
+// loop instead of getting a new one.
+func TestSubjectStreamRefusesExpiredToken(t *testing.T) {
+	e, _ := newTokenEnv(t, envOpts{})
+	tok := signHS(t, []byte(appSecret), claims("u42", "exp", time.Now().Add(-apptoken.Leeway/2).Unix()))
+	auth := []string{"Authorization", "Bearer " + tok}
+	mustStatus(t, e.do("GET", "/v1/tasks/u42/course_sync", "", auth...), 404, "not_found")
+	mustStatus(t, e.do("GET", "/v1/subjects/u42/events", "", auth...), 401, "unauthorized")
+}
+
 // TestSubjectStreamCap: subject streams have their own cap, apart from the
 // operator feed's.
 func TestSubjectStreamCap(t *testing.T) {

@@ -193,7 +193,7 @@ export interface paths {
         };
         /**
          * Server-Sent Events of one subject's tasks
-         * @description The stream an end user's app watches (docs/app-access.md). On connect it first sends the subject's current state, one `event: task` per task that exists (within a subject token's `tasklease_scopes`), then every change of that subject's tasks only. A subject token's stream ends when the token expires (a `: token expired` comment, then the end): reconnect with a fresh token; the current state sent on connect means nothing is missed. Subject tokens may open only their own subject (action `read`); operator and read-only tokens any. Like GET /v1/events, it also accepts the token as `access_token`.
+         * @description The stream an end user's app watches (docs/app-access.md). On connect it first sends the subject's current state, one `event: task` per task that exists (within a subject token's `tasklease_scopes`), then every change of that subject's tasks only. A subject token's stream ends when the token expires (a `: token expired` comment, then the end): reconnect with a fresh token; the current state sent on connect means nothing is missed. A subject token past its `exp` opens no stream (401), even within the clock-skew leeway other routes allow. Subject tokens may open only their own subject (action `read`); operator and read-only tokens any. Like GET /v1/events, it also accepts the token as `access_token`.
          */
         get: operations["streamSubjectEvents"];
         put?: never;
