@@ -242,11 +242,15 @@ jobs:
 		if inB[c.subject] {
 			want = runsB[c.subject].runID
 		}
-		vs := c.snapshot()
+		// Another subject's views are left to the isolation check below.
+		vs := slices.DeleteFunc(c.snapshot(), func(v gotView) bool { return v.subject != c.subject })
 		return want, len(vs) > 0 && vs[len(vs)-1].runID == want && vs[len(vs)-1].status == jobs.StatusDone
 	}
 	eventually(t, 60*time.Second, "every changed subject's streams receive its final state", func() error {
 		for _, c := range clients.all() {
+			if v, ok := clients.foreign(c); ok {
+				t.Fatalf("stream of %s received a view of %s (run %s)", c.subject, v.subject, v.runID)
+			}
 			if !inA[c.subject] && !inB[c.subject] {
 				continue
 			}
@@ -396,6 +400,16 @@ func (cs *scaleClients) all() []*scaleClient {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	return slices.Clone(cs.cs)
+}
+
+// foreign returns a view of another subject that c received, if any.
+func (cs *scaleClients) foreign(c *scaleClient) (gotView, bool) {
+	for _, v := range c.snapshot() {
+		if v.subject != c.subject {
+			return v, true
+		}
+	}
+	return gotView{}, false
 }
 
 func (cs *scaleClients) count() int {
