@@ -21,6 +21,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -75,6 +76,16 @@ func TestSubjectStreamsAtScale(t *testing.T) {
 			t.Fatalf("%s=%q: want a number of streams, at least 100", subjectStreamsEnv, s)
 		}
 		n = v
+	}
+	// Each process (this one, the runner) holds a descriptor per stream,
+	// and Go raises its soft limit to the hard one.
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	if lim.Max < uint64(n)+1000 {
+		t.Fatalf("%d streams need %d open files in this process and in the runner; the hard limit (ulimit -Hn) is %d",
+			n, n+1000, lim.Max)
 	}
 	var idle time.Duration
 	if s := os.Getenv(subjectStreamsIdleEnv); s != "" {
