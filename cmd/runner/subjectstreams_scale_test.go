@@ -58,8 +58,8 @@ const subjectStreamsIdleEnv = "TASKLEASE_SUBJECT_STREAMS_IDLE"
 // a subject that never changed receives nothing), delivery (every stream
 // of a changed subject receives its run's final state, every stream of a
 // multi-stream subject too), current state on connect, the cap, and that
-// the runner holds one pub/sub connection to Redis whatever N (no
-// SUBSCRIBE while the N streams open). It logs what it measures — memory
+// the runner holds one pub/sub connection to Redis whatever N (opening
+// the N streams sends no SUBSCRIBE beyond the hub's liveness probes). It logs what it measures — memory
 // and goroutines per stream, delivery latency with a handful of streams
 // open and with all N, the runner's CPU — and asserts none of it.
 func TestSubjectStreamsAtScale(t *testing.T) {
