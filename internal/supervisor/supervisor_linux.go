@@ -30,8 +30,8 @@ import (
 const DeathSignal = syscall.SIGUSR1
 
 const (
-	// supervisorNice is a supervisor's niceness once its runner died: the
-	// lowest (see lowerPriority).
+	// supervisorNice is a supervisor's niceness once it has sent its
+	// SIGKILLs: the lowest (see lowerPriority).
 	supervisorNice = 19
 	// leftoverGrace is the SIGTERM→SIGKILL delay for what the command left
 	// behind when it exited by itself (capped by --grace).
@@ -138,7 +138,6 @@ func (s *supervisor) run() int {
 		s.stop(min(leftoverGrace, s.opts.Grace))
 	case sig := <-s.sigs:
 		if sig == DeathSignal {
-			s.lowerPriority()
 			s.stop(0)
 		} else {
 			s.stop(s.opts.Grace)
@@ -183,17 +182,19 @@ func (s *supervisor) start() (int, error) {
 }
 
 // lowerPriority sets every thread of the supervisor to niceness
-// supervisorNice when its runner has died. A pod that dies with hundreds
-// of stages wakes hundreds of supervisors at once; at the runner's
-// niceness they would share the CPU one to one with the surviving runners
-// and their Redis, and starve the lease renewals that keep the survivors'
-// runs (issue 1/6). The cleanup does not need to win: its SIGKILLs come a
-// few milliseconds of CPU later even at niceness 19, and a SIGKILL, once
-// sent, is final. The command keeps its niceness, so that once killed it
-// is gone at once. Linux keeps a niceness per thread; a thread the Go
-// runtime starts later inherits its creator's. A supervisor whose runner
-// is alive (cancel, timeout, shutdown) keeps its priority: there, lowering
-// it cost more CPU in the end (more, shorter turns on a busy host).
+// supervisorNice once its first SIGKILLs are sent. A pod that dies with
+// hundreds of stages wakes hundreds of supervisors at once; at the
+// runner's niceness they would share the CPU one to one with the
+// surviving runners and their Redis, and starve the lease renewals that
+// keep the survivors' runs (issue 1/6). The kills themselves go out first
+// at full priority, so the stage's processes are gone at once; what
+// remains — reaping, walking again for a fork that raced the kill, exiting
+// — can wait. Linux keeps a niceness per thread; a thread the Go runtime
+// starts later inherits its creator's. The processes being killed keep
+// theirs, so they die at once. Measured on a 2-core VM: lowered before
+// the first walk instead, a starved supervisor could leave a stage's
+// processes alive 5 s after its runner died; never lowered, the
+// survivors lost 250–360 leases.
 func (s *supervisor) lowerPriority() {
 	d, err := os.Open(filepath.Join(s.procRoot, strconv.Itoa(s.self), "task"))
 	if err != nil {
@@ -285,8 +286,12 @@ func (s *supervisor) stop(grace time.Duration) {
 func (s *supervisor) killAll() {
 	deadline := time.NewTimer(killTimeout)
 	defer deadline.Stop()
-	for {
-		if !s.signalAll(syscall.SIGKILL) {
+	for first := true; ; first = false {
+		listed := s.signalAll(syscall.SIGKILL)
+		if first {
+			s.lowerPriority()
+		}
+		if !listed {
 			// No /proc: the command is all this process can name. Once it
 			// is reaped the supervisor exits and the runner SIGKILLs the
 			// process group, which is today's guarantee without a

@@ -318,10 +318,10 @@ func lowerPriorityHost() int {
 	return 0
 }
 
-// TestLowerPriority: a supervisor whose runner died sets each of its
-// threads to niceness 19, so hundreds of supervisors cleaning up after a
-// dead pod do not starve the surviving runners' lease renewals; the
-// command keeps its niceness, so it dies at once when killed.
+// TestLowerPriority: a supervisor that has sent its SIGKILLs sets each of
+// its threads to niceness 19, so hundreds of supervisors cleaning up after
+// a dead pod do not starve the surviving runners' lease renewals; the
+// command keeps its niceness, so it dies at once.
 func TestLowerPriority(t *testing.T) {
 	exe, err := os.Executable()
 	if err != nil {
