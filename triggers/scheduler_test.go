@@ -3,6 +3,7 @@ package triggers
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -116,6 +117,21 @@ func TestThreeRunnersFireEachOccurrenceOnce(t *testing.T) {
 		fired := firedKeys(t, rdb, sc.Name)
 		ts := sortedKeys(fired)
 		t.Logf("%s: fired %v", sc.Name, ts)
+		// A shutdown just after a claim interrupts that fan-out before its
+		// first batch, by design: the next leader resumes it from its
+		// cursor, and none runs here. Only the latest occurrence may be so.
+		st, err := rdb.HMGet(ctx, stateKeyName(sc.Name), "occ", "done").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st[1] == "0" {
+			occ, _ := strconv.ParseInt(fmt.Sprint(st[0]), 10, 64)
+			if occ != ts[len(ts)-1] {
+				t.Errorf("%s: unfinished fan-out of %d, not of the latest occurrence %d", sc.Name, occ, ts[len(ts)-1])
+			}
+			t.Logf("%s: the fan-out of %d was interrupted by the shutdown; not counted", sc.Name, occ)
+			delete(fired, occ)
+		}
 		for i := 1; i < len(ts); i++ {
 			if ts[i] != ts[i-1]+1 {
 				t.Errorf("%s: occurrences not consecutive seconds: %v", sc.Name, ts)
