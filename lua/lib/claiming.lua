@@ -187,3 +187,50 @@ local function claim_in_slot(c, tag, e, run_id, key, source, ttl, next_run_id, s
   return claim_entry(c, tag .. ':task:' .. key, tag .. ':lease:' .. key, tag .. ':history:' .. key,
     ssub(e, 1, 1), e, run_id, source, ttl, next_run_id, stages, max_attempts)
 end
+
+-- claim_read claims the entries a read took off a partition's lanes
+-- (taken, in order; tag and part its hash tag and part_of entry), each
+-- with this runner's definition of its job from cf (conf_fields of
+-- read_next.lua's ARGV[3]); returns the entries, each followed by its
+-- claim reply. Shared by read_next.lua and read_idle.lua.
+local function claim_read(cf, tag, part, taken, now, now_us)
+  -- the jobs' definitions by scope (the index of its first field), made once
+  -- per configuration value and kept on it
+  local defs = cf.defs
+  if not defs then
+    defs = {}
+    local j = 6
+    for _ = 1, small_num(cf[5]) do
+      defs[cf[j]] = j
+      j = j + 5
+    end
+    cf.defs = defs
+  end
+  local watch = part.watch
+  local watched, paused = watch_and_paused(watch, part.paused)
+  local c = {owner = cf[1], cap = cf[3], events = part.events, watch = watch, watched = watched, retention = cf[4],
+    q = part.q, parked = part.parked, paused = paused, now = now, now_us = now_us}
+  local out = {}
+  for i = 1, #taken do
+    local e = taken[i]
+    out[#out + 1] = e
+    local run_id, key, scope, source = entry_parts(e)
+    if run_id then -- tasklease's entry (the caller drops others)
+      local d = defs[scope]
+      -- A job this runner does not define is answered foreign (or busy, or
+      -- ended by its cancel flag), never granted: the lease claim_entry takes
+      -- before deciding is dropped in this call, so any valid TTL does. The
+      -- reclaim idle is one: a TTL of 0 made SET raise and the whole call
+      -- abort after the entries before it were granted, leaving their leases
+      -- to expire unstarted.
+      if d and cf[d + 4] == 'L' then
+        out[#out + 1] = {'limited'}
+      else
+        local stages, max_attempts, ttl = '', '1', cf[2]
+        if d then stages, max_attempts, ttl = cf[d + 1], cf[d + 2], cf[d + 3] end
+        out[#out + 1] = claim_in_slot(c, tag, e, run_id, key, source, ttl, '', stages, max_attempts)
+      end
+    end
+  end
+  return out
+end
