@@ -177,6 +177,12 @@ func (r *Runner) fetchLoop(ctx context.Context, p int) {
 			r.release(n)
 		}
 		waited = false
+		if r.nodeWait != nil { // one wait for every idle partition (nodewait.go)
+			if !r.nodeWait.park(ctx, p) {
+				return
+			}
+			continue
+		}
 		carried := r.holdIdleSlot()
 		if h := r.testHooks.idleWait; h != nil {
 			h(p, carried)

@@ -163,7 +163,8 @@ func TestIdleWaitHoldsNoSlotWhenLeasesAreShort(t *testing.T) {
 }
 
 // A runner that begins to stop while a wait's read is pending hands back
-// what that read claims instead of starting it: another runner runs it.
+// what that read claims instead of starting it (or its stop ends the wait
+// first): another runner runs it.
 func TestStoppingRunnerHandsBackWhatItsWaitClaims(t *testing.T) {
 	t.Parallel()
 	for _, b := range redistest.Backends(t) {
@@ -180,14 +181,18 @@ func TestStoppingRunnerHandsBackWhatItsWaitClaims(t *testing.T) {
 			a := startWatched(t, e, RunnerConfig{ID: "iw-a", Concurrency: 8, FetchBlock: 2 * time.Second})
 			w := a.w
 			waitFor(t, 5*time.Second, "both partitions waiting", func() bool { return w.partitionsWaiting() == 2 })
-			a.cancel() // runner A stops; its waits (up to 2s) are still pending in Redis
+			a.cancel() // runner A stops; its wait (up to 2s) may still be pending in Redis
 			clSubmit(t, e.reg, "a", "sync", SourceManual, "")
 			if err := a.stopped(); err != nil {
 				t.Fatal(err)
 			}
-			if w.taken() != 1 {
-				t.Fatalf("the stopping runner's waits took %d entries, want the one submitted", w.taken())
+			// The stop nudges its node wait, so the wait usually ends before
+			// the submit; when the submit comes first, its read claims the
+			// run and the stopping runner hands it back.
+			if w.taken() > 1 {
+				t.Fatalf("the stopping runner's waits took %d entries, want at most the one submitted", w.taken())
 			}
+			t.Logf("the stopping runner's wait took %d entries", w.taken())
 			e.startRunner(RunnerConfig{ID: "iw-b"})
 			e.waitStatus("a", "sync", 5*time.Second, StatusDone)
 			mu.Lock()

@@ -108,8 +108,8 @@ func isSingleNode(rdb redis.UniversalClient) bool {
 }
 
 type scripts struct {
-	submit, submitMany, claim, readNext, reclaim, heartbeat, finish, cancel, retryMove, janitor, resume, runnerBeat *redis.Script
-	limiterAcquire, limiterRenew, limiterRelease, limiterWait                                                       *redis.Script
+	submit, submitMany, claim, readNext, readIdle, reclaim, heartbeat, finish, cancel, retryMove, janitor, resume, runnerBeat *redis.Script
+	limiterAcquire, limiterRenew, limiterRelease, limiterWait                                                                 *redis.Script
 }
 
 // NewRegistry validates cfg and returns a Registry on rdb.
@@ -156,6 +156,7 @@ func NewRegistry(rdb redis.UniversalClient, cfg Config) (*Registry, error) {
 			janitor:    lua.MustScript("janitor"),
 			claim:      lua.MustScript("claim"),
 			readNext:   lua.MustScript("read_next"),
+			readIdle:   lua.MustScript("read_idle"),
 			reclaim:    lua.MustScript("reclaim"),
 			heartbeat:  lua.MustScript("heartbeat"),
 			finish:     lua.MustScript("finish"),

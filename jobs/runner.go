@@ -158,6 +158,7 @@ type Runner struct {
 	slots      chan struct{}
 	execStarts chan struct{} // RunnerConfig.ExecStarts: a token per exec stage being started
 	presence   *presence     // this runner's record in the runner registry
+	nodeWait   *nodeWaiter   // the idle partitions' one wait (nil on Redis Cluster: a wait per partition)
 
 	workCtx    context.Context // runs; cancelled with ErrShutdown after the grace
 	workCancel context.CancelCauseFunc
@@ -217,6 +218,9 @@ func NewRunner(reg *Registry, cfg RunnerConfig) (*Runner, error) {
 		unmatched: newUnmatchedCancels(longestTTL + cfg.FetchBlock),
 	}
 	r.readConf, r.finishConf = r.confArgs()
+	if reg.singleNode {
+		r.nodeWait = newNodeWaiter(r)
+	}
 	r.claimConf = strconv.Itoa(reg.histCap) + histSep + strconv.FormatInt(reg.retention.Milliseconds(), 10)
 	return r, nil
 }
@@ -253,6 +257,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	var loops sync.WaitGroup
 	for p := range r.reg.ks.Partitions() {
 		loops.Go(func() { r.fetchLoop(ctx, p) })
+	}
+	if r.nodeWait != nil {
+		loops.Go(func() { r.nodeWait.run(ctx) })
 	}
 	loops.Go(func() { r.every(ctx, r.cfg.ReclaimInterval, r.reclaimAll) })
 	loops.Go(func() { r.every(ctx, r.cfg.RetryPoll, r.moveRetries) })

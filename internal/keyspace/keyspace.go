@@ -205,6 +205,12 @@ func (s *Space) Parked(p int) string { return s.tags[p] + ":parked" }
 // own hash tag: it belongs to no partition.
 func (s *Space) Runners() string { return "{" + s.prefix + ":runners}" }
 
+// Nudge is runner owner's nudge list: one token pushed to end its node
+// wait early (jobs.nodeWaiter), when a partition went idle after the wait
+// was sent or the runner stops. It expires a minute after a push, so a
+// runner that died leaves nothing behind.
+func (s *Space) Nudge(owner string) string { return s.prefix + ":nudge:" + owner }
+
 // RunnerBeats is the sorted set of runners' last heartbeats (owner → Redis
 // time in ms), in Runners' slot.
 func (s *Space) RunnerBeats() string { return "{" + s.prefix + ":runners}:beats" }

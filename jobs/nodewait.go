@@ -1,0 +1,267 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tasklease/tasklease/internal/groupcommit"
+	"github.com/tasklease/tasklease/internal/keyspace"
+	"github.com/tasklease/tasklease/internal/wait"
+)
+
+// nodeWaiter is a runner's one wait for work on a single Redis server (or a
+// Sentinel's primary): where every partition's fetcher used to block on its
+// own bell with a connection of its own — P blocking connections and
+// about 6 commands a second per partition on an idle runner — the
+// fetchers of idle partitions park here, and one BLPOP waits on all their
+// bells. The bell that rings wakes its partition's fetcher, which reads as
+// it does while busy. When a slot is free for it, the read is sent with
+// the wait (read_idle.lua, in the same pipeline), so a request to an idle
+// runner is claimed in the turn of the submit that rang, as the
+// per-partition wait's carried read did.
+//
+// A partition that parks while a wait is in flight is not in that wait: a
+// token pushed to the runner's nudge list, which every wait also watches,
+// ends it, and the next wait covers the partition. Its bell keeps any ring
+// in between (a bell holds its token until popped), so none is lost.
+//
+// Redis Cluster refuses one command over keys of several slots, so there
+// each partition keeps its own wait (fetchLoop).
+type nodeWaiter struct {
+	r        *Runner
+	nudgeKey string
+	wake     []chan struct{} // per partition, 1 buffered: its fetcher is woken
+
+	mu       sync.Mutex
+	parked   map[int]bool // partitions whose fetcher waits for a wake-up
+	inFlight []int        // partitions the wait in flight covers (nil: none)
+	nudged   bool         // a nudge token was pushed and not yet popped
+	kick     chan struct{}
+	turn     int // rotates the order of the carried read's lanes
+}
+
+// nudgeTTL bounds how long a nudge token outlives a runner that died.
+const nudgeTTL = time.Minute
+
+func newNodeWaiter(r *Runner) *nodeWaiter {
+	w := &nodeWaiter{r: r, nudgeKey: r.reg.ks.Nudge(r.owner), parked: map[int]bool{}, kick: make(chan struct{}, 1),
+		wake: make([]chan struct{}, r.reg.ks.Partitions())}
+	for p := range w.wake {
+		w.wake[p] = make(chan struct{}, 1)
+	}
+	return w
+}
+
+// park makes partition p's fetcher wait until its bell rings (or the wait
+// it is in times out); false when ctx ended first.
+func (w *nodeWaiter) park(ctx context.Context, p int) bool {
+	w.mu.Lock()
+	w.parked[p] = true
+	nudge := w.inFlight != nil && !slices.Contains(w.inFlight, p) && !w.nudged
+	if nudge {
+		w.nudged = true
+	}
+	w.mu.Unlock()
+	select {
+	case w.kick <- struct{}{}:
+	default:
+	}
+	if nudge {
+		w.nudge(ctx)
+	}
+	select {
+	case <-w.wake[p]:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// nudge ends the wait in flight early (best effort: a wait not ended
+// times out after FetchBlock).
+func (w *nodeWaiter) nudge(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handBackTimeout)
+	defer cancel()
+	pipe := w.r.reg.rdb.Pipeline()
+	pipe.RPush(ctx, w.nudgeKey, "1")
+	pipe.PExpire(ctx, w.nudgeKey, nudgeTTL)
+	if _, err := pipe.Exec(ctx); err != nil && ctx.Err() == nil {
+		w.r.log.Debug("idle wait: nudge failed; the wait ends at its timeout", slog.Any("error", err))
+	}
+}
+
+// next returns the partitions the next wait covers, in the order the
+// carried read looks at them (rotated each wait, so no partition's lanes
+// are always looked at first), and marks them in flight; nil when none is
+// parked.
+func (w *nodeWaiter) next() []int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.parked) == 0 {
+		return nil
+	}
+	ps := make([]int, 0, len(w.parked))
+	for p := range w.parked {
+		ps = append(ps, p)
+	}
+	slices.Sort(ps)
+	w.turn++
+	k := w.turn % len(ps)
+	ps = append(ps[k:], ps[:k]...)
+	w.inFlight = ps
+	return ps
+}
+
+// ended records that the wait over ps ended with ring (a bell key, the
+// nudge key, or "" on a timeout): the rung partition's fetcher is woken,
+// and every covered one when the wait failed (each reads once, as after
+// a per-partition wait's error). A timeout wakes none: its carried read
+// looked at every covered lane, so a ring lost to a runner that died
+// between its wait and its read costs at most FetchBlock.
+func (w *nodeWaiter) ended(ps []int, ring string, all bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.inFlight = nil
+	if ring == w.nudgeKey {
+		w.nudged = false
+	}
+	for _, p := range ps {
+		if w.parked[p] && (all || w.r.reg.ks.Bell(p) == ring) {
+			delete(w.parked, p)
+			w.wake[p] <- struct{}{}
+		}
+	}
+}
+
+// run waits for work on the parked partitions until ctx ends.
+func (w *nodeWaiter) run(ctx context.Context) {
+	stop := context.AfterFunc(ctx, func() { w.nudge(ctx) }) // a stopping runner does not wait out the block
+	defer stop()
+	blockSeconds := strconv.FormatFloat(w.r.cfg.FetchBlock.Seconds(), 'f', 3, 64)
+	// Without Functions the read goes as EVALSHA, which does not load a
+	// script: load it now rather than lose the first wait's read to NOSCRIPT
+	// (a failed load is done again on the first NOSCRIPT).
+	if !w.r.reg.gc.FunctionsLoaded(ctx) {
+		_ = w.r.reg.scripts.readIdle.Load(ctx, w.r.reg.rdb).Err()
+	}
+	failures := 0
+	for ctx.Err() == nil {
+		ps := w.next()
+		if ps == nil {
+			select {
+			case <-w.kick:
+				continue
+			case <-ctx.Done():
+				return
+			}
+		}
+		carried := w.r.holdIdleSlot()
+		if h := w.r.testHooks.idleWait; h != nil {
+			for _, p := range ps {
+				h(p, carried)
+			}
+		}
+		ring, next, p, err := w.wait(ctx, ps, blockSeconds, carried)
+		if h := w.r.testHooks.waitRead; h != nil && carried && err == nil {
+			h(p, len(next))
+		}
+		w.ended(ps, ring, err != nil)
+		switch {
+		case !carried:
+		case len(next) > 0:
+			w.r.startTaken(ctx, next, 1)
+		default:
+			w.r.release(1)
+		}
+		if err == nil || errors.Is(err, errReadNotRun) {
+			failures = 0
+			continue
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		failures++
+		if failures == 1 || failures%50 == 0 {
+			w.r.log.Warn("idle wait failed", slog.Any("error", err))
+		}
+		if !wait.Sleep(ctx, backoff(redisErrorBackoffBase, 5*time.Second, failures)) {
+			return
+		}
+	}
+}
+
+// wait blocks on the bells of partitions ps and the nudge list for at most
+// FetchBlock. With carried, read_idle.lua goes in the same pipeline and
+// takes one entry of ps, claimed: its partition p and the claim come back
+// with the ring. A claim's lease counts from when the wait was sent, up to
+// FetchBlock before it was granted (holdIdleSlot keeps that within a sixth
+// of the lease TTL).
+func (w *nodeWaiter) wait(ctx context.Context, ps []int, blockSeconds string, carried bool) (ring string, next []nextEntry, p int, err error) {
+	// Not cancelled with ctx (granting): a claim that was sent is started,
+	// and handed back by execute when the runner is stopping.
+	rctx, cancel := granting(ctx, w.r.cfg.FetchBlock+w.r.cfg.LeaseTTL)
+	defer cancel()
+	ks := w.r.reg.ks
+	args := make([]any, 0, len(ps)+3)
+	args = append(args, "BLPOP")
+	for _, p := range ps {
+		args = append(args, ks.Bell(p))
+	}
+	args = append(args, w.nudgeKey, blockSeconds)
+	pipe := w.r.reg.rdb.Pipeline()
+	blpop := pipe.Do(rctx, args...)
+	var cmd *redis.Cmd
+	if carried {
+		lanes := make([]string, len(ps))
+		for i, p := range ps {
+			lanes[i] = ks.Queue(p, keyspace.LaneBulk)
+		}
+		cmd = w.r.reg.gc.ScriptCmd(rctx, w.r.reg.scripts.readIdle.Hash(), lanes, w.r.readConf)
+		_ = pipe.Process(rctx, cmd)
+	}
+	sent := time.Now()
+	_, _ = pipe.Exec(rctx) // each command's error is in its Cmd
+	if r, berr := blpop.StringSlice(); berr == nil && len(r) == 2 {
+		ring = r[0]
+	} else if berr != nil && !errors.Is(berr, redis.Nil) {
+		return "", nil, 0, berr
+	}
+	if cmd == nil {
+		return ring, nil, 0, nil
+	}
+	res, err := cmd.Slice()
+	switch {
+	case err == nil:
+	case groupcommit.IsFunctionMissing(err):
+		// The covered fetchers' reads load the library again.
+		return "", nil, 0, errReadNotRun
+	case redis.HasErrorPrefix(err, "NOSCRIPT"):
+		if lerr := w.r.reg.scripts.readIdle.Load(rctx, w.r.reg.rdb).Err(); lerr != nil {
+			return "", nil, 0, lerr
+		}
+		return "", nil, 0, errReadNotRun
+	default:
+		return ring, nil, 0, err
+	}
+	if len(res) < 3 {
+		return ring, nil, 0, nil
+	}
+	i, ok := res[0].(int64)
+	if !ok || i < 1 || int(i) > len(ps) {
+		return ring, nil, 0, errors.New("jobs: read_idle answered an unknown partition")
+	}
+	p = ps[i-1]
+	if more, _ := res[1].(int64); more == 0 && ring == ks.Bell(p) {
+		// The ring was this request's and the read took it: nothing is
+		// left for the partition's fetcher, which stays parked.
+		ring = ""
+	}
+	return ring, w.r.decodeNext(rctx, p, res[2:], sent), p, nil
+}

@@ -1,0 +1,121 @@
+package jobs
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tasklease/tasklease/internal/redistest"
+)
+
+// longWaitClient is a client of srv whose reads outlast a long node wait
+// (a pipeline's reply is read within ReadTimeout).
+func longWaitClient(t *testing.T, srv *redistest.Server) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ReadTimeout: 30 * time.Second})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// blockedWaits counts the connections blocked in a BLPOP, by CLIENT LIST.
+func blockedWaits(t *testing.T, rdb *redis.Client) int {
+	t.Helper()
+	list, err := rdb.ClientList(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(list, "\n") {
+		if strings.Contains(line, " cmd=blpop ") {
+			n++
+		}
+	}
+	return n
+}
+
+// pickUps submits n manual requests one after another, each after the
+// previous one is done, and returns how long each took from the submit to
+// done (polled every millisecond). A request whose wake-up was lost would
+// wait for a node wait's timeout (FetchBlock, 10 s here): the deadline of
+// 3 s fails it.
+func pickUps(t *testing.T, e *testEnv, n int, subject func(i int) string) []time.Duration {
+	t.Helper()
+	out := make([]time.Duration, 0, n)
+	for i := range n {
+		s := subject(i)
+		t0 := time.Now()
+		clSubmit(t, e.reg, s, "sync", SourceManual, "")
+		e.waitStatus(s, "sync", 3*time.Second, StatusDone)
+		out = append(out, time.Since(t0))
+	}
+	return out
+}
+
+func logPickUps(t *testing.T, what string, d []time.Duration) {
+	t.Helper()
+	s := slices.Clone(d)
+	slices.Sort(s)
+	q := func(f float64) time.Duration { return s[int(f*float64(len(s)-1))] }
+	t.Logf("%s: %d requests, submit to done p50 %s, p99 %s, max %s", what, len(s), q(0.5), q(0.99), s[len(s)-1])
+}
+
+// One runner, 64 partitions: one blocking wait covers them all (64 with a
+// wait per partition), and every request is picked up at once by a ring,
+// also the ones to a partition that parked while a wait was in flight
+// (each request of a partition after its previous run: that partition's
+// fetcher parks after the run, while the wait covers the others). With a
+// 10 s FetchBlock a lost wake-up would cost seconds and fail the deadline.
+func TestNodeWaitCoversManyPartitions(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartServer(t)
+	rdb := longWaitClient(t, srv)
+	c := &counter{}
+	e := newEnv(t, rdb, Config{Prefix: "nw1", Partitions: 64, Jobs: []Job{clJob("sync", Stage{Name: "only", Handler: c})}})
+	e.startRunner(RunnerConfig{ID: "nw", Concurrency: 16, FetchBlock: 10 * time.Second, LeaseTTL: time.Minute})
+	probe := srv.Client(t)
+	waitFor(t, 5*time.Second, "the runner's wait", func() bool { return blockedWaits(t, probe) == 1 })
+	// Same partition over and over, then a new partition each time.
+	same := pickUps(t, e, 50, func(int) string { return "same" })
+	spread := pickUps(t, e, 150, func(i int) string { return fmt.Sprintf("s%d", i) })
+	logPickUps(t, "one subject", same)
+	logPickUps(t, "150 subjects over 64 partitions", spread)
+	waitFor(t, 5*time.Second, "the runner's one wait again", func() bool {
+		n := blockedWaits(t, probe)
+		if n > 1 {
+			t.Fatalf("%d connections wait in BLPOP, want 1", n)
+		}
+		return n == 1
+	})
+}
+
+// Eight runners, two partitions: each runner has one wait, a ring wakes
+// one of them, and no request waits for a timeout.
+func TestNodeWaitManyRunnersFewPartitions(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartServer(t)
+	c := &counter{}
+	e := newEnv(t, srv.Client(t), Config{Prefix: "nw2", Partitions: 2, Jobs: []Job{clJob("sync", Stage{Name: "only", Handler: c})}})
+	for i := range 8 {
+		env := &testEnv{t: t, rdb: longWaitClient(t, srv), reg: nil}
+		reg, err := NewRegistry(env.rdb, Config{Prefix: "nw2", Partitions: 2, Logger: testLogger(t), Jobs: []Job{clJob("sync", Stage{Name: "only", Handler: c})}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		env.reg = reg
+		env.startRunner(RunnerConfig{ID: fmt.Sprintf("nw-%d", i), Concurrency: 4, FetchBlock: 10 * time.Second, LeaseTTL: time.Minute})
+	}
+	probe := srv.Client(t)
+	waitFor(t, 5*time.Second, "eight waits", func() bool { return blockedWaits(t, probe) == 8 })
+	d := pickUps(t, e, 200, func(i int) string { return fmt.Sprintf("s%d", i) })
+	logPickUps(t, "200 subjects, 8 runners, 2 partitions", d)
+	for i := range 200 {
+		if got := c.get(fmt.Sprintf("s%d/only", i)); got != 1 {
+			t.Errorf("s%d ran %d times, want once", i, got)
+		}
+	}
+}
