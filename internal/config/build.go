@@ -16,7 +16,10 @@ import (
 )
 
 // poolSizeSlack is added to concurrency + partitions for the default pool:
-// the retry mover, reclaimer, cron leader, pub/sub and API share it.
+// the retry mover, reclaimer, cron leader, pub/sub and API share it. (On a
+// single Redis the partitions' idle fetchers share one wait, so the pool
+// is larger than they need; on a Cluster each partition still waits on
+// its own connection. A pool only opens the connections it uses.)
 const poolSizeSlack = 16
 
 // RedisOptions returns go-redis options for the configured Redis: a single

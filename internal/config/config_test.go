@@ -551,7 +551,7 @@ func TestValidation(t *testing.T) {
 		{"redis: {addrs: ['h1:1', 'h1:1']}", "redis.addrs[1]", "duplicate"},
 		{"redis: {addrs: ['h1:1'], db: -1}", "redis.db", "negative"},
 		{"redis: {prefix: 'a b'}", "redis.prefix", "must match"},
-		{"redis: {addrs: ['h:1'], poolSize: 4}", "redis.poolSize", "less than runner.concurrency + partitions (32)"},
+		{"redis: {addrs: ['h:1'], poolSize: 4}", "redis.poolSize", "less than runner.concurrency + 1 (17)"},
 		{"redis: {poolSize: -1}", "redis.poolSize", "negative"},
 		{"redis: {dialTimeout: -1s}", "redis.dialTimeout", "negative"},
 		{"redis: {readTimeout: -2s}", "redis.readTimeout", "negative"},

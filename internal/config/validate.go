@@ -169,10 +169,11 @@ func (c *Config) validateRedis(ps *problemSet) {
 	}
 	if r.PoolSize < 0 {
 		ps.addf("redis.poolSize", "%d is negative", r.PoolSize)
-	} else if need := c.Runner.Concurrency + c.Partitions; r.PoolSize > 0 && !cluster && r.PoolSize < need {
-		// Each partition holds a connection in a blocking read and each
-		// running stage needs one for heartbeats: fewer starves them.
-		ps.addf("redis.poolSize", "%d is less than runner.concurrency + partitions (%d); leave it out for the default", r.PoolSize, need)
+	} else if need := c.Runner.Concurrency + 1; r.PoolSize > 0 && !cluster && r.PoolSize < need {
+		// The runner's one idle wait holds a connection in a blocking read
+		// (jobs.nodeWaiter) and each running stage needs one for its
+		// heartbeats: fewer starves them.
+		ps.addf("redis.poolSize", "%d is less than runner.concurrency + 1 (%d); leave it out for the default", r.PoolSize, need)
 	}
 }
 
