@@ -46,7 +46,8 @@ func TestQuickSuite(t *testing.T) {
 	for _, k := range append(slices.Clone(requiredKeys), "fanout_leader_rss_mb", "asynq_manual_under_backlog_p99_ms",
 		"asynq_pickup_p50_ms", "asynq_bytes_per_finished_key", "submit_hot_per_s", "asynq_submit_hot_per_s",
 		"e2e_1stage_limited_per_s", "e2e_1stage_limited_baseline_per_s", "e2e_1stage_limited_redis_calls_per_run",
-		"round_trips_per_1stage_limited_run", "limiter_fairness_p50_ms", "rate_most_in_1s") {
+		"round_trips_per_1stage_limited_run", "limiter_fairness_p50_ms", "rate_most_in_1s",
+		"idle_cmds_per_pod_1_pods", "asynq_idle_cmds_per_pod_10_pods", "idle_conns_per_pod_10_pods", "idle_redis_cpu_pct_10_pods") {
 		v, ok := got[k]
 		if !ok {
 			t.Errorf("JSON has no %q", k)

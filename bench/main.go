@@ -63,6 +63,14 @@
 //     within 10 s from the first, less the burst, ÷ 500 × 10 (the goal
 //     compared to 2 decimals). Also the most handler starts in any second.
 //
+// Fleets:
+//
+//   - idle: N idle pods (N = 1, 10, 100; tasklease Runners with 16
+//     partitions, asynq Servers with their defaults), each on a go-redis
+//     client of its own, nothing submitted: Redis commands per second per
+//     pod (script commands included), Redis CPU as % of a core, and
+//     connections per pod, over a 10 s window after they settle.
+//
 // Targets are evaluated and printed; the exit status is 0 whether or not
 // they are met, 1 when a count check or a measurement failed, 2 when the
 // bench could not start (bad flags, no redis-server).
@@ -139,6 +147,7 @@ var measures = []measure{
 	{"e2e_1stage_limited", (*bench).e2eLimited},
 	{"limiter_fairness_p99_ms", (*bench).limiterFairness},
 	{"rate_accuracy", (*bench).rateAccuracy},
+	{"idle", (*bench).idle},
 }
 
 // bench is the state shared by the measurements of one run.
@@ -194,7 +203,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	defer srv.stop()
-	admin := redis.NewClient(&redis.Options{Addr: srv.addr, PoolSize: 16, DisableIdentity: true})
+	admin := redis.NewClient(&redis.Options{Addr: srv.addr, PoolSize: 16, DisableIdentity: true, ClientName: adminClientName})
 	defer admin.Close()
 
 	b := &bench{ctx: ctx, addr: srv.addr, srv: srv, admin: admin, sz: fullSizes, log: stderr, commands: *commands}

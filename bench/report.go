@@ -108,7 +108,7 @@ func (w row) asynqKey() string {
 
 func (r *report) rows() []row {
 	sz := r.sizes
-	return []row{
+	out := []row{
 		{label: fmt.Sprintf("submit_hot: requests/s (%d requests, %d keys)", sz.HotRequests, sz.HotKeys), key: "submit_hot_per_s", goal: "submit_hot_ratio"},
 		{label: fmt.Sprintf("submit_new: requests/s (%d new keys)", sz.NewRequests), key: "submit_new_per_s", goal: "submit_new_ratio"},
 		{label: "submit_hot: Redis CPU µs per request", key: "submit_hot_redis_cpu_us_per_req", decimals: 1},
@@ -147,6 +147,18 @@ func (r *report) rows() []row {
 		{label: fmt.Sprintf("limiter fair share p99, ms (tenant B's runs; %d of A's wait for concurrency %d)", sz.FairBacklog, fairConcurrency), key: "limiter_fairness_p99_ms", asKey: "-", decimals: 2, goal: "limiter_fairness_p99_ms"},
 		{label: fmt.Sprintf("rate accuracy: starts ÷ configured (%d/s, burst %d, %d s saturated)", ratePerS, rateBurst, sz.RateSeconds), key: "rate_accuracy", asKey: "-", decimals: 3, goal: "rate_accuracy"},
 	}
+	for _, n := range idleFleets {
+		sfx := fmt.Sprintf("_%d_pods", n)
+		pods := fmt.Sprintf("%d idle pod", n)
+		if n > 1 {
+			pods += "s"
+		}
+		out = append(out,
+			row{label: "idle: Redis commands/s per pod, " + pods, key: "idle_cmds_per_pod" + sfx, decimals: 1, goal: goalIf(n == 100, "idle_cmds_per_pod"+sfx)},
+			row{label: "idle: Redis CPU, % of a core, " + pods, key: "idle_redis_cpu_pct" + sfx, decimals: 2, goal: goalIf(n == 100, "idle_redis_cpu_pct"+sfx)},
+			row{label: "idle: connections per pod, " + pods, key: "idle_conns_per_pod" + sfx, decimals: 1, goal: goalIf(n == 1, "idle_conns_per_pod"+sfx)})
+	}
+	return out
 }
 
 // target is one goal on a tasklease figure.
@@ -179,6 +191,18 @@ var targets = []target{
 	{key: "e2e_1stage_limited_ratio", op: ">=", limit: 0.8},
 	{key: "limiter_fairness_p99_ms", op: "<=", limit: 50},
 	{key: "rate_accuracy", op: ">=", limit: 0.95, decimals: 2, also: &target{key: "rate_accuracy", op: "<=", limit: 1.0, decimals: 2}},
+	// issue 5/6: an idle fleet costs Redis next to nothing
+	{key: "idle_cmds_per_pod_100_pods", op: "<=", limit: 2},
+	{key: "idle_redis_cpu_pct_100_pods", op: "<=", limit: 2},
+	{key: "idle_conns_per_pod_1_pods", op: "<=", limit: 4},
+}
+
+// goalIf is key when cond holds, else no goal.
+func goalIf(cond bool, key string) string {
+	if cond {
+		return key
+	}
+	return ""
 }
 
 func (t target) String() string {
