@@ -26,6 +26,11 @@ const (
 	// presenceKeep is how long a gone runner's record stays listed (and its
 	// finished-run counts keep counting in the last hour's figures).
 	presenceKeep = time.Hour
+	// presenceUpkeepEvery is how often a runner's beat also drops gone
+	// runners' records and extends the registry's expiry (presenceKeep
+	// after the last beat, to within this): a beat without them is three
+	// Redis commands where it was six.
+	presenceUpkeepEvery = time.Minute
 	// statsMinutes is how many minutes of finished-run counts a record
 	// carries: the last hour.
 	statsMinutes = 60
@@ -84,6 +89,7 @@ type presence struct {
 	stopped  bool
 	version  string
 	interval time.Duration
+	upkeepAt time.Time // the last beat that did the registry's upkeep
 }
 
 type presenceBucket struct {
@@ -170,8 +176,11 @@ func (r *Runner) beat(ctx context.Context) error {
 		return err
 	}
 	sent := time.Now()
+	r.presence.mu.Lock()
+	upkeep := sent.Sub(r.presence.upkeepAt) >= presenceUpkeepEvery
+	r.presence.mu.Unlock()
 	ms, err := r.reg.scripts.runnerBeat.Run(ctx, r.reg.gc, []string{r.reg.ks.Runners(), r.reg.ks.RunnerBeats()},
-		r.owner, rec, presenceKeep.Milliseconds()).Int64()
+		r.owner, rec, presenceKeep.Milliseconds(), boolFlag(upkeep)).Int64()
 	if err != nil {
 		return fmt.Errorf("jobs: runner beat: %w", err)
 	}
@@ -179,6 +188,9 @@ func (r *Runner) beat(ctx context.Context) error {
 	mid := sent.Add(time.Since(sent) / 2)
 	r.presence.mu.Lock()
 	r.presence.offset = time.UnixMilli(ms).Sub(mid)
+	if upkeep {
+		r.presence.upkeepAt = sent
+	}
 	r.presence.mu.Unlock()
 	return nil
 }

@@ -4,19 +4,24 @@
 -- KEYS[1] runners hash (owner → JSON record)
 -- KEYS[2] last beats (sorted set: owner → Redis time in ms)
 -- ARGV[1] owner   ARGV[2] the JSON record   ARGV[3] keep (ms)
+-- ARGV[4] '1': also drop gone runners and extend the keys' expiry (a
+--         runner asks on its first beat and about once a minute after)
 -- returns Redis time in ms (runners read their clock offset from it)
--- Both keys expire a keep time after the last beat of any runner, so a
--- deployment with no runners left leaves nothing behind.
--- Cost per beat: TIME, HSET, ZADD, ZRANGEBYSCORE, PEXPIRE x2 (and HDEL, ZREM
--- per gone runner dropped); every few seconds per runner, off the hot path.
+-- Both keys expire about a keep time after the last beat of any runner, so
+-- a deployment with no runners left leaves nothing behind.
+-- Cost per beat: TIME, HSET, ZADD; with ARGV[4] ZRANGEBYSCORE, PEXPIRE x2
+-- (and HDEL, ZREM per gone runner dropped). An idle runner's beats are most
+-- of what it sends Redis, so the upkeep is not paid on every one.
 local now = now_ms()
 rcall('HSET', KEYS[1], ARGV[1], ARGV[2])
 rcall('ZADD', KEYS[2], now, ARGV[1])
-local old = rcall('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. (now - tonum(ARGV[3])))
-for _, owner in ipairs(old) do
-  rcall('HDEL', KEYS[1], owner)
-  rcall('ZREM', KEYS[2], owner)
+if ARGV[4] == '1' then
+  local old = rcall('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. (now - tonum(ARGV[3])))
+  for _, owner in ipairs(old) do
+    rcall('HDEL', KEYS[1], owner)
+    rcall('ZREM', KEYS[2], owner)
+  end
+  rcall('PEXPIRE', KEYS[1], ARGV[3])
+  rcall('PEXPIRE', KEYS[2], ARGV[3])
 end
-rcall('PEXPIRE', KEYS[1], ARGV[3])
-rcall('PEXPIRE', KEYS[2], ARGV[3])
 return now
