@@ -2,11 +2,14 @@ package jobs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/tasklease/tasklease/internal/keyspace"
 	"github.com/tasklease/tasklease/internal/redistest"
@@ -227,4 +230,55 @@ func TestFinishedEntriesLeaveTheQueueRunningOnesStay(t *testing.T) {
 		_, empty := queueState(ctx, rdb, e.reg, 0)
 		return empty
 	})
+}
+
+// TestJanitorOnePassAFleet: the janitor's pass is the fleet's: a runner
+// that finds another's turn within the interval prunes nothing, and takes
+// the turn once it has expired.
+func TestJanitorOnePassAFleet(t *testing.T) {
+	mini := redistest.StartMini(t)
+	rdb := mini.Client(t)
+	ctx := context.Background()
+	e := newEnv(t, rdb, Config{Prefix: "jf", Partitions: 1, Retention: time.Hour, Jobs: []Job{
+		clJob("course_sync", Stage{Name: "pulling", Handler: &counter{}}),
+	}})
+	var rns []*Runner
+	for _, id := range []string{"jf-a", "jf-b"} {
+		rn, err := NewRunner(e.reg, RunnerConfig{ID: id, JanitorInterval: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rns = append(rns, rn)
+	}
+	// index entries of records long gone: what a pass removes
+	stale := func(subject string) string {
+		m := subject + "|course_sync"
+		if err := rdb.ZAdd(ctx, e.reg.ks.Index(0), redis.Z{Score: 1, Member: m}).Err(); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	indexed := func(m string) bool {
+		t.Helper()
+		_, err := rdb.ZScore(ctx, e.reg.ks.Index(0), m).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			t.Fatal(err)
+		}
+		return err == nil
+	}
+	first := stale("gone1")
+	rns[0].janitorPass(ctx)
+	if indexed(first) {
+		t.Fatal("the first runner's pass kept an index entry of a record long gone")
+	}
+	second := stale("gone2")
+	rns[1].janitorPass(ctx)
+	if !indexed(second) {
+		t.Fatal("a second runner pruned within the first's janitor interval: one pass a runner, not a fleet")
+	}
+	mini.Advance(time.Minute)
+	rns[1].janitorPass(ctx)
+	if indexed(second) {
+		t.Fatal("after the interval the second runner did not take the janitor's turn")
+	}
 }

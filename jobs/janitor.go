@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strconv"
 	"time"
@@ -27,7 +28,22 @@ type janitorCounts struct{ subjects, index int64 }
 // the retention and index entries of expired records. Everything
 // tasklease writes is thereby
 // bounded by live work or the retention (docs/concepts.md).
+// The pass is the fleet's, not each runner's: the runner that takes the
+// turn key (SET NX, expiring within the interval) prunes; the others send
+// that one SET. A turn taken by a runner that dies mid-pass passes on when
+// the key expires.
 func (r *Runner) janitorPass(ctx context.Context) {
+	_, err := r.reg.rdb.SetArgs(ctx, r.reg.ks.JanitorTurn(), r.owner,
+		redis.SetArgs{Mode: "NX", TTL: r.cfg.JanitorInterval * 9 / 10}).Result()
+	if errors.Is(err, redis.Nil) {
+		return // another runner's turn
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			r.log.Warn("janitor failed", slog.String("component", "janitor"), slog.Any("error", err))
+		}
+		return
+	}
 	var total janitorCounts
 	for p := range r.reg.ks.Partitions() {
 		c, err := r.reg.janitor(ctx, p)

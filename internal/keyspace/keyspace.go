@@ -211,6 +211,11 @@ func (s *Space) Runners() string { return "{" + s.prefix + ":runners}" }
 // runner that died leaves nothing behind.
 func (s *Space) Nudge(owner string) string { return s.prefix + ":nudge:" + owner }
 
+// JanitorTurn is the key a runner sets (SET NX, expiring with the janitor's
+// interval) to take the fleet's janitor pass: one pass per interval for the
+// whole fleet, not one a runner.
+func (s *Space) JanitorTurn() string { return s.prefix + ":janitor" }
+
 // RunnerBeats is the sorted set of runners' last heartbeats (owner → Redis
 // time in ms), in Runners' slot.
 func (s *Space) RunnerBeats() string { return "{" + s.prefix + ":runners}:beats" }
