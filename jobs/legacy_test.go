@@ -86,3 +86,45 @@ func TestRollingDeployDrainsLegacyStreams(t *testing.T) {
 		})
 	}
 }
+
+// TestLegacyDrainEveryTenthPass: the reclaimer drains the legacy streams on
+// its first pass and then every legacyDrainEvery passes, not on each: the
+// check costs two EXISTS per partition, on every idle runner.
+func TestLegacyDrainEveryTenthPass(t *testing.T) {
+	t.Parallel()
+	mini := redistest.StartMini(t)
+	rdb := mini.Client(t)
+	ctx := context.Background()
+	e := newEnv(t, rdb, Config{Prefix: "ld", Partitions: 1, Jobs: []Job{clJob("course_sync", Stage{Name: "pulling", Handler: &counter{}})}})
+	rn, err := NewRunner(e.reg, RunnerConfig{ID: "ld-new"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	people := e.reg.ks.LegacyStream(0, keyspace.LanePeople)
+	streamed := func() bool {
+		t.Helper()
+		n, err := rdb.Exists(ctx, people).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	}
+	clSubmit(t, e.reg, "u0", "course_sync", SourceManual, "")
+	legacyQueue(t, rdb, e.reg, 0)
+	rn.reclaimAll(ctx)
+	if streamed() {
+		t.Fatal("the first pass left the legacy stream")
+	}
+	clSubmit(t, e.reg, "u1", "course_sync", SourceManual, "")
+	legacyQueue(t, rdb, e.reg, 0)
+	for pass := 2; pass <= legacyDrainEvery; pass++ {
+		rn.reclaimAll(ctx)
+		if !streamed() {
+			t.Fatalf("pass %d drained the legacy stream, want only every %d passes", pass, legacyDrainEvery)
+		}
+	}
+	rn.reclaimAll(ctx)
+	if streamed() {
+		t.Fatalf("pass %d left the legacy stream", legacyDrainEvery+1)
+	}
+}

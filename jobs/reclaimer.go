@@ -14,8 +14,10 @@ import (
 // taken, so the entries of a dead runner are reached however many others
 // are due, and entries nobody here can execute go behind them.
 func (r *Runner) reclaimAll(ctx context.Context) {
+	drain := r.reclaimPasses%legacyDrainEvery == 0
+	r.reclaimPasses++
 	for p := range r.reg.ks.Partitions() {
-		if !r.reclaimPartition(ctx, p) {
+		if !r.reclaimPartition(ctx, p, drain) {
 			return // no free slot: the next pass starts over
 		}
 	}
@@ -24,14 +26,21 @@ func (r *Runner) reclaimAll(ctx context.Context) {
 // reclaimMaxRounds bounds one partition's share of a pass.
 const reclaimMaxRounds = 8
 
+// legacyDrainEvery: every how many reclaim passes (the first included) a
+// runner also drains the legacy request streams of older versions. Their
+// requests are served by their own runners while any is left, so the drain
+// matters only once they are gone; asking every pass cost two EXISTS per
+// partition a second, a fifth of what an idle runner sent Redis.
+const legacyDrainEvery = 10
+
 // drainConsumer is the consumer name under which this version drains the
 // legacy request streams of older versions (lua/reclaim.lua).
 const drainConsumer = "tasklease-drain"
 
 // reclaimPartition reclaims due entries of partition p while it has free
-// slots (its first round also drains the legacy streams); false when it
-// ran out of slots.
-func (r *Runner) reclaimPartition(ctx context.Context, p int) bool {
+// slots (with drain, its first round also drains the legacy streams);
+// false when it ran out of slots.
+func (r *Runner) reclaimPartition(ctx context.Context, p int, drain bool) bool {
 	ks := r.reg.ks
 	keys := append(append(make([]string, 0, 6), ks.QueueKeys(p)...),
 		ks.LegacyStream(p, keyspace.LaneBulk), ks.LegacyStream(p, keyspace.LanePeople))
@@ -48,7 +57,7 @@ func (r *Runner) reclaimPartition(ctx context.Context, p int) bool {
 		// not left for a reclaim idle time.
 		rctx, cancel := granting(ctx, r.cfg.LeaseTTL)
 		res, err := r.reg.scripts.reclaim.Run(rctx, r.reg.gc, keys, n, r.reclaimIdle.Milliseconds(),
-			keyspace.LegacyGroup, drainConsumer, boolFlag(round == 0)).Slice()
+			keyspace.LegacyGroup, drainConsumer, boolFlag(drain && round == 0)).Slice()
 		cancel()
 		if err != nil {
 			r.release(n)

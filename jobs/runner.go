@@ -148,6 +148,9 @@ type Runner struct {
 	// re-examined by claim; the shortest lease TTL of any job, so no
 	// expired lease waits for longer.
 	reclaimIdle time.Duration
+	// reclaimPasses counts reclaimAll's passes (only its loop touches
+	// it), which drain the legacy streams every legacyDrainEvery.
+	reclaimPasses int
 	// readConf and finishConf (by scope) are what is constant about this
 	// runner in every read_next.lua and finish.lua call, as the one
 	// argument those take for it (lua/lib/base.lua conf_fields), built once.
