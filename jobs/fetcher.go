@@ -73,9 +73,18 @@ func (r *Runner) confArgs() (read string, finish map[string]string) {
 		fields = append(fields, scope)
 		fields = append(fields, def(scope)...)
 		fields = append(fields, limitedFlag(scope))
-		finish[scope] = strings.Join(append(append(slices.Clone(common), def(scope)...), limitedFlag(scope)), histSep)
+		finish[scope] = strings.Join(append(append(slices.Clone(common), def(scope)...), limitedFlag(scope), r.retryIndex()), histSep)
 	}
 	return strings.Join(fields, histSep), finish
+}
+
+// retryIndex is the single Redis server's retry index that finish.lua
+// and retry_move.lua keep (keyspace.Space.RetryDue), "" on a Cluster.
+func (r *Runner) retryIndex() string {
+	if !r.reg.singleNode {
+		return ""
+	}
+	return r.reg.ks.RetryDue()
 }
 
 // decodeEntries decodes the entries read_lanes (lua/lib/queues.lua) took. Entries

@@ -2,7 +2,10 @@ package jobs
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/tasklease/tasklease/internal/keyspace"
 )
@@ -78,14 +81,65 @@ func (r *Runner) reclaimPartition(ctx context.Context, p int, drain bool) bool {
 	return true
 }
 
-// moveRetries moves due retries of every partition back into the bulk lanes.
+// retrySweepEvery: every how many retry passes (the first included) a
+// runner on a single Redis server moves the retries of every partition
+// instead of only those its retry index names: the sweep also sets the
+// index right for retries an older version scheduled without it.
+const retrySweepEvery = 120
+
+// moveRetries moves due retries back into the bulk lanes. On a Cluster it
+// asks every partition. On a single Redis server one read of the retry
+// index (keyspace.Space.RetryDue) names the partitions whose earliest retry
+// is due, and only those are asked (every retrySweepEvery passes, all of
+// them), so an idle runner sends one command a pass, not three a partition.
 func (r *Runner) moveRetries(ctx context.Context) {
-	for p := range r.reg.ks.Partitions() {
-		keys := append([]string{r.reg.ks.Retry(p)}, r.reg.ks.QueueKeys(p)...)
-		err := r.reg.scripts.retryMove.Run(ctx, r.reg.gc, keys, 100).Err()
-		if err != nil && ctx.Err() == nil {
-			r.log.Warn("retry mover failed", slog.Int("partition", p), slog.Any("error", err))
+	index := r.retryIndex()
+	sweep := index == "" || r.retryPasses%retrySweepEvery == 0
+	r.retryPasses++
+	if sweep {
+		for p := range r.reg.ks.Partitions() {
+			if !r.moveRetriesOf(ctx, p, index) {
+				return
+			}
+		}
+		return
+	}
+	// The index is scored in Redis time: read with it, in one round trip
+	// (the index holds a member per partition with retries at most).
+	pipe := r.reg.rdb.Pipeline()
+	now := pipe.Time(ctx)
+	firsts := pipe.ZRangeWithScores(ctx, index, 0, -1)
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		if ctx.Err() == nil {
+			r.log.Warn("retry mover failed", slog.Any("error", err))
+		}
+		return
+	}
+	nowMS := float64(now.Val().UnixMilli())
+	for _, z := range firsts.Val() {
+		if z.Score > nowMS {
+			break // by score: the rest are later
+		}
+		tag, _ := z.Member.(string)
+		p, ok := r.reg.ks.PartitionOfTag(tag)
+		if !ok { // not a partition of this keyspace: nothing will clear it
+			r.reg.rdb.ZRem(ctx, index, tag)
+			continue
+		}
+		if !r.moveRetriesOf(ctx, p, index) {
 			return
 		}
 	}
+}
+
+// moveRetriesOf moves partition p's due retries (retry_move.lua), keeping
+// the retry index when there is one; false after an error.
+func (r *Runner) moveRetriesOf(ctx context.Context, p int, index string) bool {
+	keys := append([]string{r.reg.ks.Retry(p)}, r.reg.ks.QueueKeys(p)...)
+	err := r.reg.scripts.retryMove.Run(ctx, r.reg.gc, keys, 100, index, r.reg.ks.Tag(p)).Err()
+	if err != nil && ctx.Err() == nil {
+		r.log.Warn("retry mover failed", slog.Int("partition", p), slog.Any("error", err))
+		return false
+	}
+	return err == nil
 }

@@ -151,6 +151,9 @@ type Runner struct {
 	// reclaimPasses counts reclaimAll's passes (only its loop touches
 	// it), which drain the legacy streams every legacyDrainEvery.
 	reclaimPasses int
+	// retryPasses counts moveRetries' passes (only its loop touches it):
+	// every retrySweepEvery, all partitions.
+	retryPasses int
 	// readConf and finishConf (by scope) are what is constant about this
 	// runner in every read_next.lua and finish.lua call, as the one
 	// argument those take for it (lua/lib/base.lua conf_fields), built once.

@@ -16,8 +16,11 @@
 --          now), history cap, retention (ms), the job's stages here
 --          (comma list) and maxAttempts (the definition a follow-up run
 --          takes), the job's lease TTL (ms, for the claim of the entry taken),
---          and 'L' when the job has limiters: the entry taken is not claimed
---          here (its limiters admit it first, jobs.admitAndStart)
+--          'L' when the job has limiters: the entry taken is not claimed
+--          here (its limiters admit it first, jobs.admitAndStart), and
+--          the retry index on a single Redis server ('' on a Cluster,
+--          keyspace.Space.RetryDue): a retry scheduled here lowers the
+--          partition's due time there (one ZADD LT per retry)
 -- ARGV[2] token   ARGV[3] runId
 -- ARGV[4] result: done | failed | cancelled | retry | defer | handback
 --          (defer: the stage asked to run again later, jobs.RetryAfter —
@@ -139,6 +142,7 @@ repeat
     end
     rcall('HSET', task, unpk(with_fields(fields, upd)))
     rcall('ZADD', part.retry, due, run_id .. ' ' .. r.key)
+    if cf[9] and cf[9] ~= '' then rcall('ZADD', cf[9], 'LT', due, tag) end
     hist_push_after(hist, cap, before, hist_err(now, 'retry-scheduled', run_id, r.stage, what, owner, token, ARGV[6]))
   elseif result == 'handback' then
     -- Graceful shutdown: keep the checkpoint, give the attempt back and

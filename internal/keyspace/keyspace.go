@@ -38,6 +38,7 @@ type Space struct {
 	prefix     string
 	partitions int
 	tags       []string
+	tagIndex   map[string]int // Tag's inverse
 	// per partition, the names built once (they are on every script call)
 	requests, people, retry, index, events, cancels, watch []string
 	queues                                                 [][]string // QueueKeys
@@ -65,12 +66,14 @@ func New(prefix string, partitions int) (*Space, error) {
 		*list = make([]string, partitions)
 	}
 	s.queues = make([][]string, partitions)
+	s.tagIndex = make(map[string]int, partitions)
 	for p := range s.tags {
 		s.tags[p] = "{" + prefix + ":p" + strconv.Itoa(p) + "}"
 		for list, suffix := range names {
 			(*list)[p] = s.tags[p] + suffix
 		}
 		t := s.tags[p]
+		s.tagIndex[t] = p
 		s.queues[p] = []string{t + ":q:b", t + ":q:p", t + ":bell", t + ":taken"}
 	}
 	return s, nil
@@ -210,6 +213,19 @@ func (s *Space) Runners() string { return "{" + s.prefix + ":runners}" }
 // was sent or the runner stops. It expires a minute after a push, so a
 // runner that died leaves nothing behind.
 func (s *Space) Nudge(owner string) string { return s.prefix + ":nudge:" + owner }
+
+// PartitionOfTag is the partition whose hash tag is tag (Tag's inverse).
+func (s *Space) PartitionOfTag(tag string) (int, bool) {
+	p, ok := s.tagIndex[tag]
+	return p, ok
+}
+
+// RetryDue is the retry index of a single Redis server (not used on a
+// Cluster, where it would be another slot than the partitions'): per
+// partition tag, no later than the partition's earliest retry is due, so an
+// idle runner finds the partitions with due retries in one read instead of
+// asking each (jobs.Runner.moveRetries).
+func (s *Space) RetryDue() string { return s.prefix + ":retry-due" }
 
 // JanitorTurn is the key a runner sets (SET NX, expiring with the janitor's
 // interval) to take the fleet's janitor pass: one pass per interval for the
