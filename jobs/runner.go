@@ -254,6 +254,10 @@ func (r *Runner) Run(ctx context.Context) error {
 	// otherwise only be seen at the next heartbeat.
 	cancels, err := r.subscribeCancels(ctx)
 	if err != nil {
+		if ctx.Err() != nil {
+			// Stopped before it started: a shutdown, as when it ends later.
+			return nil
+		}
 		return err
 	}
 	r.fetchCtx = ctx
