@@ -86,11 +86,12 @@ func TestJanitorPrunesSubjectsIndexAndConsumers(t *testing.T) {
 }
 
 // bndLive reports whether key k is bookkeeping of live work (the partition's
-// taken set, index, subjects of live subjects, watch keys) or of an active run.
+// taken set, index, subjects of live subjects, watch keys, the due index) or
+// of an active run.
 func bndLive(e *testEnv, k string) bool {
 	ks := e.reg.ks
 	switch k {
-	case ks.Queue(0, keyspace.LanePeople), ks.Queue(0, keyspace.LaneBulk), ks.Taken(0), ks.Bell(0), ks.Index(0), ks.Subjects(0, "course_sync"), ks.Retry(0):
+	case ks.Queue(0, keyspace.LanePeople), ks.Queue(0, keyspace.LaneBulk), ks.Taken(0), ks.Bell(0), ks.Index(0), ks.Subjects(0, "course_sync"), ks.Retry(0), ks.Due():
 		return true
 	}
 	for _, s := range []string{"fresh", "pending"} {

@@ -73,18 +73,9 @@ func (r *Runner) confArgs() (read string, finish map[string]string) {
 		fields = append(fields, scope)
 		fields = append(fields, def(scope)...)
 		fields = append(fields, limitedFlag(scope))
-		finish[scope] = strings.Join(append(append(slices.Clone(common), def(scope)...), limitedFlag(scope), r.retryIndex()), histSep)
+		finish[scope] = strings.Join(append(append(slices.Clone(common), def(scope)...), limitedFlag(scope)), histSep)
 	}
 	return strings.Join(fields, histSep), finish
-}
-
-// retryIndex is the single Redis server's retry index that finish.lua
-// and retry_move.lua keep (keyspace.Space.RetryDue), "" on a Cluster.
-func (r *Runner) retryIndex() string {
-	if !r.reg.singleNode {
-		return ""
-	}
-	return r.reg.ks.RetryDue()
 }
 
 // decodeEntries decodes the entries read_lanes (lua/lib/queues.lua) took. Entries
@@ -249,14 +240,16 @@ func (r *Runner) read(ctx context.Context, p, n int) ([]nextEntry, error) {
 	return r.decodeNext(rctx, p, res, sent), err
 }
 
-// holdIdleSlot takes a slot for an idle partition's wait (waitAndRead)
-// when at least half of the runner's slots stay free with it taken, and
-// when FetchBlock is at most a sixth of the shortest lease TTL: a claim
-// made by the read sent with a wait counts its lease from when the wait
-// was sent, up to FetchBlock before it was granted, so the first renewal
-// still comes at least TTL/6 after the grant.
+// holdIdleSlot takes a slot for an idle wait's read when at least half of
+// the runner's slots stay free with it taken. On a Cluster, where each
+// partition waits (waitAndRead), also only when FetchBlock is at most a
+// sixth of the shortest lease TTL: a claim made by the read sent with a
+// wait counts its lease from when the wait was sent, up to FetchBlock
+// before it was granted, so the first renewal still comes at least TTL/6
+// after the grant. (The node's one wait measures the time it blocked:
+// nodeWaiter.wait.)
 func (r *Runner) holdIdleSlot() bool {
-	if r.cfg.FetchBlock*6 > r.reclaimIdle {
+	if r.nodeWait == nil && r.cfg.FetchBlock*6 > r.reclaimIdle {
 		return false
 	}
 	free := cap(r.slots) - len(r.slots)
@@ -394,6 +387,12 @@ func (r *Runner) handBackEntries(ctx context.Context, es []entry) {
 	pipe := r.reg.rdb.Pipeline()
 	for _, e := range es {
 		pipe.ZAddXX(ctx, r.reg.ks.Taken(e.p), redis.Z{Score: 0, Member: e.id})
+		if r.reg.singleNode { // the due index, as lua/lib/queues.lua mark_due keeps it
+			pipe.ZAddLT(ctx, r.reg.ks.Due(), redis.Z{Score: 0, Member: "t" + r.reg.ks.Tag(e.p)})
+		}
+	}
+	if r.reg.singleNode && len(es) > 0 {
+		pipe.Publish(ctx, r.reg.ks.Due(), "t")
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		r.log.Warn("hand-back of unclaimed entries failed; they are reclaimed after the lease TTL", slog.Any("error", err))

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tasklease/tasklease/internal/redistest"
+	"github.com/tasklease/tasklease/lua"
 )
 
 // testEnv is a registry (and optional runners) on one Redis.
@@ -275,4 +276,10 @@ func queueState(ctx context.Context, rdb redis.UniversalClient, reg *Registry, p
 		lines = append(lines, fmt.Sprintf("%s: %d taken %v", reg.ks.Taken(p), len(zs), zs))
 	}
 	return lines, empty
+}
+
+// scriptSHAs are the EVALSHA hashes of script name in each variant a
+// Registry runs (lua.LibraryOptions: with and without the due index).
+func scriptSHAs(name string) []string {
+	return []string{lua.MustScript(name).Hash(), lua.MustScriptWith(name, lua.LibraryOptions{DueIndex: true}).Hash()}
 }

@@ -4,8 +4,11 @@ import (
 	"context"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/tasklease/tasklease/internal/redistest"
 )
@@ -146,19 +149,79 @@ func TestIdleWaitsHoldAtMostHalfTheSlots(t *testing.T) {
 	}
 }
 
-// With a lease TTL under 6 × FetchBlock an idle wait holds no slot: a claim
-// made by the read sent with it counts its lease from before the wait.
-func TestIdleWaitHoldsNoSlotWhenLeasesAreShort(t *testing.T) {
+// The node's one wait carries its read whatever FetchBlock is against the
+// lease TTL: the claim counts its lease from when Redis granted it (the
+// time the wait blocked, measured by Redis's clock), not from when the wait
+// was sent. Here the wait blocks longer than the whole lease before the
+// request comes: counted from the send, the lease would be over before it
+// was granted, the stage stopped at once and the run taken over, a second
+// attempt.
+func TestNodeWaitCountsTheLeaseFromTheGrant(t *testing.T) {
 	t.Parallel()
-	m := redistest.StartMini(t)
-	c := &counter{}
-	e := newEnv(t, m.Client(t), Config{Prefix: "iw3", Partitions: 2, Jobs: []Job{clJob("sync", Stage{Name: "only", Handler: c})}})
-	w := startWatched(t, e, RunnerConfig{ID: "iw", Concurrency: 8, FetchBlock: 100 * time.Millisecond, LeaseTTL: 500 * time.Millisecond}).w
-	waitFor(t, 5*time.Second, "both partitions waiting", func() bool { return w.partitionsWaiting() == 2 })
+	// Real Redis only: the backends' miniredis keeps its clock still, so
+	// no wait there seems to block at all.
+	rdb := redistest.StartServer(t).Client(t)
+	var calls atomic.Int32
+	work := HandlerFunc(func(ctx context.Context, _ *Run) error { // long enough for a keeper to notice a lost lease
+		calls.Add(1)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(150 * time.Millisecond):
+			return nil
+		}
+	})
+	e := newEnv(t, rdb, Config{Prefix: "iw3", Partitions: 2, Jobs: []Job{clJob("sync", Stage{Name: "only", Handler: work})}})
+	const ttl = 600 * time.Millisecond
+	x := startWatched(t, e, RunnerConfig{ID: "iw", Concurrency: 8, FetchBlock: 5 * time.Second, LeaseTTL: ttl})
+	var mu sync.Mutex
+	var sent time.Time // of the latest wait that carries its read
+	hook := x.rn.testHooks.idleWait
+	x.rn.testHooks.idleWait = func(p int, carried bool) {
+		if carried {
+			mu.Lock()
+			sent = time.Now()
+			mu.Unlock()
+		}
+		hook(p, carried)
+	}
+	// The scenario needs the request to come a lease TTL into the block
+	// of the wait that reads it (waits end early while partitions park).
+	waitFor(t, 10*time.Second, "a wait carrying its read to block past a lease TTL", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return x.w.partitionsWaiting() == 2 && !sent.IsZero() && time.Since(sent) > ttl+200*time.Millisecond
+	})
 	clSubmit(t, e.reg, "a", "sync", SourceManual, "")
-	e.waitStatus("a", "sync", 5*time.Second, StatusDone)
-	if w.carriedAny() {
-		t.Fatal("an idle wait held a slot with a 500ms lease and a 100ms FetchBlock")
+	v := e.waitStatus("a", "sync", 10*time.Second, StatusDone)
+	if x.w.taken() != 1 {
+		t.Fatalf("the wait's read took %d entries, want the request's", x.w.taken())
+	}
+	if v.Attempt != 1 || calls.Load() != 1 {
+		t.Fatalf("done at attempt %d after %d stage calls, want the first: the claim's lease was counted from before the wait", v.Attempt, calls.Load())
+	}
+}
+
+// leaseStart never dates a grant after the reply that brought it, and
+// without Redis's two times falls back to when the wait was sent.
+func TestLeaseStartBounds(t *testing.T) {
+	sent := time.Now().Add(-3 * time.Second)
+	at := func(d time.Duration) *redis.TimeCmd {
+		c := redis.NewTimeCmd(context.Background())
+		c.SetVal(time.Unix(1_800_000_000, 0).Add(d))
+		return c
+	}
+	if got := leaseStart(sent, at(0), at(2*time.Second)); !got.Equal(sent.Add(2 * time.Second)) {
+		t.Errorf("blocked 2s: start %s after the send, want 2s", got.Sub(sent))
+	}
+	if got := leaseStart(sent, at(0), at(time.Minute)); got.After(time.Now()) {
+		t.Errorf("a Redis clock stepped a minute forward dates the grant %s in the future", time.Until(got))
+	}
+	if got := leaseStart(sent, nil, at(time.Second)); !got.Equal(sent) {
+		t.Errorf("without the first time: %s after the send, want the send", got.Sub(sent))
+	}
+	if got := leaseStart(sent, at(time.Second), at(0)); !got.Equal(sent) {
+		t.Errorf("a clock that went back: %s after the send, want the send", got.Sub(sent))
 	}
 }
 

@@ -28,6 +28,8 @@ type janitorCounts struct{ subjects, index int64 }
 // the retention and index entries of expired records. Everything
 // tasklease writes is thereby
 // bounded by live work or the retention (docs/concepts.md).
+// On a single Redis server the pass also has the timer sweep every
+// partition's taken set and retries (sweepAll), behind the due index.
 // The pass is the fleet's, not each runner's: the runner that takes the
 // turn key (SET NX, expiring within the interval) prunes; the others send
 // that one SET. A turn taken by a runner that dies mid-pass passes on when
@@ -43,6 +45,9 @@ func (r *Runner) janitorPass(ctx context.Context) {
 			r.log.Warn("janitor failed", slog.String("component", "janitor"), slog.Any("error", err))
 		}
 		return
+	}
+	if r.reg.singleNode {
+		r.sweepDue.Store(true) // the timer's next pass sweeps
 	}
 	var total janitorCounts
 	for p := range r.reg.ks.Partitions() {

@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -88,7 +89,7 @@ func (h *beforeScript) check(cmd redis.Cmder) {
 	}
 	verb, body := fmt.Sprint(args[0]), fmt.Sprint(args[1])
 	script, _ := lua.ScriptOfFunction(body)
-	if verb == "evalsha" && body == lua.MustScript(h.name).Hash() || verb == "fcall" && script == h.name {
+	if verb == "evalsha" && slices.Contains(scriptSHAs(h.name), body) || verb == "fcall" && script == h.name {
 		h.once.Do(h.fn)
 	}
 }
@@ -240,7 +241,7 @@ func (h *afterGrant) check(cmd redis.Cmder) {
 	}
 	verb, body := fmt.Sprint(args[0]), fmt.Sprint(args[1])
 	script, _ := lua.ScriptOfFunction(body)
-	if !(verb == "evalsha" && body == lua.MustScript(h.name).Hash() || verb == "fcall" && script == h.name) {
+	if !(verb == "evalsha" && slices.Contains(scriptSHAs(h.name), body) || verb == "fcall" && script == h.name) {
 		return
 	}
 	res, _ := c.Slice()

@@ -36,6 +36,7 @@ import (
 // each partition keeps its own wait (fetchLoop).
 type nodeWaiter struct {
 	r        *Runner
+	rdb      *redis.Client // the wait's own connection (waitClient)
 	nudgeKey string
 	wake     []chan struct{} // per partition, 1 buffered: its fetcher is woken
 
@@ -53,6 +54,9 @@ const nudgeTTL = time.Minute
 func newNodeWaiter(r *Runner) *nodeWaiter {
 	w := &nodeWaiter{r: r, nudgeKey: r.reg.ks.Nudge(r.owner), parked: map[int]bool{}, kick: make(chan struct{}, 1),
 		wake: make([]chan struct{}, r.reg.ks.Partitions())}
+	if c, ok := r.reg.rdb.(*redis.Client); ok {
+		w.rdb = waitClient(c, r.cfg.FetchBlock)
+	}
 	for p := range w.wake {
 		w.wake[p] = make(chan struct{}, 1)
 	}
@@ -140,8 +144,30 @@ func (w *nodeWaiter) ended(ps []int, ring string, all bool) {
 	}
 }
 
+// waitClient is a client of c's server for the idle wait alone: a
+// pipeline's replies are read within the client's ReadTimeout, which a
+// wait blocking FetchBlock (10 s by default) would outlast, so the wait
+// gets a connection whose timeout is FetchBlock longer. One connection:
+// what the wait held of the pool before, so a pod's connections do not
+// grow with it.
+func waitClient(c *redis.Client, block time.Duration) *redis.Client {
+	o := *c.Options()
+	switch {
+	case o.ReadTimeout > 0:
+		o.ReadTimeout += block
+	case o.ReadTimeout == 0: // go-redis's default
+		o.ReadTimeout = 3*time.Second + block
+	} // -1: no timeout at all
+	o.PoolSize, o.MinIdleConns, o.MaxIdleConns = 1, 0, 1
+	o.ConnMaxIdleTime = -1 // its connection is busy blocking, not idle
+	return redis.NewClient(&o)
+}
+
 // run waits for work on the parked partitions until ctx ends.
 func (w *nodeWaiter) run(ctx context.Context) {
+	if w.rdb != nil {
+		defer w.rdb.Close()
+	}
 	stop := context.AfterFunc(ctx, func() { w.nudge(ctx) }) // a stopping runner does not wait out the block
 	defer stop()
 	blockSeconds := strconv.FormatFloat(w.r.cfg.FetchBlock.Seconds(), 'f', 3, 64)
@@ -200,9 +226,10 @@ func (w *nodeWaiter) run(ctx context.Context) {
 // wait blocks on the bells of partitions ps and the nudge list for at most
 // FetchBlock. With carried, read_idle.lua goes in the same pipeline and
 // takes one entry of ps, claimed: its partition p and the claim come back
-// with the ring. A claim's lease counts from when the wait was sent, up to
-// FetchBlock before it was granted (holdIdleSlot keeps that within a sixth
-// of the lease TTL).
+// with the ring. The claim's lease counts from when the wait was sent plus
+// the time it blocked, by Redis's clock: a TIME before the BLPOP and one
+// after it, in the same pipeline, so the runner counts the lease from no
+// later than Redis granted it, however long the wait blocked.
 func (w *nodeWaiter) wait(ctx context.Context, ps []int, blockSeconds string, carried bool) (ring string, next []nextEntry, p int, err error) {
 	// Not cancelled with ctx (granting): a claim that was sent is started,
 	// and handed back by execute when the runner is stopping.
@@ -215,10 +242,15 @@ func (w *nodeWaiter) wait(ctx context.Context, ps []int, blockSeconds string, ca
 		args = append(args, ks.Bell(p))
 	}
 	args = append(args, w.nudgeKey, blockSeconds)
-	pipe := w.r.reg.rdb.Pipeline()
+	pipe := w.rdb.Pipeline()
+	var before, after *redis.TimeCmd
+	if carried {
+		before = pipe.Time(rctx)
+	}
 	blpop := pipe.Do(rctx, args...)
 	var cmd *redis.Cmd
 	if carried {
+		after = pipe.Time(rctx)
 		lanes := make([]string, len(ps))
 		for i, p := range ps {
 			lanes[i] = ks.Queue(p, keyspace.LaneBulk)
@@ -263,5 +295,30 @@ func (w *nodeWaiter) wait(ctx context.Context, ps []int, blockSeconds string, ca
 		// left for the partition's fetcher, which stays parked.
 		ring = ""
 	}
-	return ring, w.r.decodeNext(rctx, p, res[2:], sent), p, nil
+	return ring, w.r.decodeNext(rctx, p, res[2:], leaseStart(sent, before, after)), p, nil
+}
+
+// leaseStart is when a claim made by the read that followed a blocking
+// wait counts its lease from, on this runner's clock: the wait was sent at
+// sent, and Redis's clock moved from before to after while the wait
+// blocked. Redis served before no sooner than sent, so the grant, after
+// after, came no sooner than sent + (after - before): a lease counted from
+// there ends no later than Redis's. Without both times (an error) it is
+// sent, which is no later still.
+func leaseStart(sent time.Time, before, after *redis.TimeCmd) time.Time {
+	if before == nil || after == nil || before.Err() != nil || after.Err() != nil {
+		return sent
+	}
+	blocked := after.Val().Sub(before.Val())
+	if blocked <= 0 {
+		return sent
+	}
+	// Never later than now (the reply is here): a Redis clock stepped
+	// forward while the wait blocked would otherwise date the grant after
+	// its reply.
+	start := sent.Add(blocked)
+	if now := time.Now(); now.Before(start) {
+		return now
+	}
+	return start
 }

@@ -2,10 +2,7 @@ package jobs
 
 import (
 	"context"
-	"errors"
 	"log/slog"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/tasklease/tasklease/internal/keyspace"
 )
@@ -16,11 +13,14 @@ import (
 // its lease. Entries come oldest-due first and are rescored as they are
 // taken, so the entries of a dead runner are reached however many others
 // are due, and entries nobody here can execute go behind them.
+// A Redis Cluster's runners pass every ReclaimInterval; elsewhere the
+// timer (timers.go) asks only the partitions the due index names, and
+// the fleet's janitor pass sweeps them all (sweepAll).
 func (r *Runner) reclaimAll(ctx context.Context) {
 	drain := r.reclaimPasses%legacyDrainEvery == 0
 	r.reclaimPasses++
 	for p := range r.reg.ks.Partitions() {
-		if !r.reclaimPartition(ctx, p, drain) {
+		if _, ok := r.reclaimPartition(ctx, p, drain); !ok {
 			return // no free slot: the next pass starts over
 		}
 	}
@@ -42,18 +42,19 @@ const drainConsumer = "tasklease-drain"
 
 // reclaimPartition reclaims due entries of partition p while it has free
 // slots (with drain, its first round also drains the legacy streams);
+// more when its last round took all it asked for (more may be due), ok
 // false when it ran out of slots.
-func (r *Runner) reclaimPartition(ctx context.Context, p int, drain bool) bool {
+func (r *Runner) reclaimPartition(ctx context.Context, p int, drain bool) (more, ok bool) {
 	ks := r.reg.ks
 	keys := append(append(make([]string, 0, 6), ks.QueueKeys(p)...),
 		ks.LegacyStream(p, keyspace.LaneBulk), ks.LegacyStream(p, keyspace.LanePeople))
 	for round := range reclaimMaxRounds {
 		if ctx.Err() != nil { // stopping: what a round took was handed back
-			return false
+			return false, false
 		}
 		n := r.tryAcquire(r.cfg.FetchBatch)
 		if n == 0 {
-			return false
+			return false, false
 		}
 		// Not cancelled with ctx (granting): the entries it takes are
 		// handed back at once when the runner is stopping (claimAndStart),
@@ -67,7 +68,7 @@ func (r *Runner) reclaimPartition(ctx context.Context, p int, drain bool) bool {
 			if ctx.Err() == nil {
 				r.log.Warn("reclaim failed", slog.Int("partition", p), slog.Any("error", err))
 			}
-			return true
+			return false, true
 		}
 		es := r.decodeEntries(ctx, p, res)
 		r.release(n - len(es))
@@ -75,71 +76,37 @@ func (r *Runner) reclaimPartition(ctx context.Context, p int, drain bool) bool {
 			r.claimAndStart(ctx, p, es)
 		}
 		if len(res) < n {
-			return true
+			return false, true
 		}
 	}
-	return true
+	return true, true
 }
 
-// retrySweepEvery: every how many retry passes (the first included) a
-// runner on a single Redis server moves the retries of every partition
-// instead of only those its retry index names: the sweep also sets the
-// index right for retries an older version scheduled without it.
-const retrySweepEvery = 120
-
-// moveRetries moves due retries back into the bulk lanes. On a Cluster it
-// asks every partition. On a single Redis server one read of the retry
-// index (keyspace.Space.RetryDue) names the partitions whose earliest retry
-// is due, and only those are asked (every retrySweepEvery passes, all of
-// them), so an idle runner sends one command a pass, not three a partition.
+// moveRetries moves due retries back into the bulk lanes, asking every
+// partition: a Redis Cluster's runners do so every RetryPoll; elsewhere the
+// timer asks the partitions the due index names.
 func (r *Runner) moveRetries(ctx context.Context) {
-	index := r.retryIndex()
-	sweep := index == "" || r.retryPasses%retrySweepEvery == 0
-	r.retryPasses++
-	if sweep {
-		for p := range r.reg.ks.Partitions() {
-			if !r.moveRetriesOf(ctx, p, index) {
-				return
-			}
-		}
-		return
-	}
-	// The index is scored in Redis time: read with it, in one round trip
-	// (the index holds a member per partition with retries at most).
-	pipe := r.reg.rdb.Pipeline()
-	now := pipe.Time(ctx)
-	firsts := pipe.ZRangeWithScores(ctx, index, 0, -1)
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		if ctx.Err() == nil {
-			r.log.Warn("retry mover failed", slog.Any("error", err))
-		}
-		return
-	}
-	nowMS := float64(now.Val().UnixMilli())
-	for _, z := range firsts.Val() {
-		if z.Score > nowMS {
-			break // by score: the rest are later
-		}
-		tag, _ := z.Member.(string)
-		p, ok := r.reg.ks.PartitionOfTag(tag)
-		if !ok { // not a partition of this keyspace: nothing will clear it
-			r.reg.rdb.ZRem(ctx, index, tag)
-			continue
-		}
-		if !r.moveRetriesOf(ctx, p, index) {
+	for p := range r.reg.ks.Partitions() {
+		if _, ok := r.moveRetriesOf(ctx, p); !ok {
 			return
 		}
 	}
 }
 
-// moveRetriesOf moves partition p's due retries (retry_move.lua), keeping
-// the retry index when there is one; false after an error.
-func (r *Runner) moveRetriesOf(ctx context.Context, p int, index string) bool {
+// retryMoveBatch bounds the retries one retry_move.lua call moves.
+const retryMoveBatch = 100
+
+// moveRetriesOf moves partition p's due retries (retry_move.lua; with the
+// due index it also sets the partition's entry there); more when it moved
+// a full batch (more may be due), ok false after an error.
+func (r *Runner) moveRetriesOf(ctx context.Context, p int) (more, ok bool) {
 	keys := append([]string{r.reg.ks.Retry(p)}, r.reg.ks.QueueKeys(p)...)
-	err := r.reg.scripts.retryMove.Run(ctx, r.reg.gc, keys, 100, index, r.reg.ks.Tag(p)).Err()
-	if err != nil && ctx.Err() == nil {
-		r.log.Warn("retry mover failed", slog.Int("partition", p), slog.Any("error", err))
-		return false
+	n, err := r.reg.scripts.retryMove.Run(ctx, r.reg.gc, keys, retryMoveBatch).Int()
+	if err != nil {
+		if ctx.Err() == nil {
+			r.log.Warn("retry mover failed", slog.Int("partition", p), slog.Any("error", err))
+		}
+		return false, false
 	}
-	return err == nil
+	return n >= retryMoveBatch, true
 }

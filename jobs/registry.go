@@ -138,7 +138,10 @@ func NewRegistry(rdb redis.UniversalClient, cfg Config) (*Registry, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	lib, err := lua.NewLibrary(lua.LibraryOptions{ShardedPubSub: isCluster(rdb)})
+	// The due index needs the partitions' keys and its own in one call: a
+	// single Redis server or a Sentinel's primary.
+	libOpts := lua.LibraryOptions{ShardedPubSub: isCluster(rdb), DueIndex: isSingleNode(rdb)}
+	lib, err := lua.NewLibrary(libOpts)
 	if err != nil {
 		return nil, err
 	}
@@ -151,24 +154,24 @@ func NewRegistry(rdb redis.UniversalClient, cfg Config) (*Registry, error) {
 		jobs: make(map[string]*Job, len(cfg.Jobs)), stagesCSV: make(map[string]string, len(cfg.Jobs)),
 		log: cfg.Logger, metrics: newMetrics(), hub: newHub(rdb, nil),
 		scripts: scripts{
-			submit:     lua.MustScript("submit"),
-			submitMany: lua.MustScript("submit_many"),
-			janitor:    lua.MustScript("janitor"),
-			claim:      lua.MustScript("claim"),
-			readNext:   lua.MustScript("read_next"),
-			readIdle:   lua.MustScript("read_idle"),
-			reclaim:    lua.MustScript("reclaim"),
-			heartbeat:  lua.MustScript("heartbeat"),
-			finish:     lua.MustScript("finish"),
-			cancel:     lua.MustScript("cancel"),
-			retryMove:  lua.MustScript("retry_move"),
-			resume:     lua.MustScript("resume"),
-			runnerBeat: lua.MustScript("runner_beat"),
+			submit:     lua.MustScriptWith("submit", libOpts),
+			submitMany: lua.MustScriptWith("submit_many", libOpts),
+			janitor:    lua.MustScriptWith("janitor", libOpts),
+			claim:      lua.MustScriptWith("claim", libOpts),
+			readNext:   lua.MustScriptWith("read_next", libOpts),
+			readIdle:   lua.MustScriptWith("read_idle", libOpts),
+			reclaim:    lua.MustScriptWith("reclaim", libOpts),
+			heartbeat:  lua.MustScriptWith("heartbeat", libOpts),
+			finish:     lua.MustScriptWith("finish", libOpts),
+			cancel:     lua.MustScriptWith("cancel", libOpts),
+			retryMove:  lua.MustScriptWith("retry_move", libOpts),
+			resume:     lua.MustScriptWith("resume", libOpts),
+			runnerBeat: lua.MustScriptWith("runner_beat", libOpts),
 
-			limiterAcquire: lua.MustScript("limiter_acquire"),
-			limiterRenew:   lua.MustScript("limiter_renew"),
-			limiterRelease: lua.MustScript("limiter_release"),
-			limiterWait:    lua.MustScript("limiter_wait"),
+			limiterAcquire: lua.MustScriptWith("limiter_acquire", libOpts),
+			limiterRenew:   lua.MustScriptWith("limiter_renew", libOpts),
+			limiterRelease: lua.MustScriptWith("limiter_release", libOpts),
+			limiterWait:    lua.MustScriptWith("limiter_wait", libOpts),
 		},
 	}
 	if isCluster(rdb) {

@@ -18,12 +18,16 @@ import (
 
 // Runner defaults: the values a zero RunnerConfig field takes.
 const (
-	ConcurrencyDefault   = 16                     // RunnerConfig.Concurrency
-	LeaseTTLDefault      = 15 * time.Second       // RunnerConfig.LeaseTTL
-	ShutdownGraceDefault = 10 * time.Second       // RunnerConfig.ShutdownGrace
-	FetchBlockDefault    = time.Second            // RunnerConfig.FetchBlock
-	FetchBatchDefault    = 16                     // RunnerConfig.FetchBatch
-	RetryPollDefault     = 500 * time.Millisecond // RunnerConfig.RetryPoll
+	ConcurrencyDefault   = 16               // RunnerConfig.Concurrency
+	LeaseTTLDefault      = 15 * time.Second // RunnerConfig.LeaseTTL
+	ShutdownGraceDefault = 10 * time.Second // RunnerConfig.ShutdownGrace
+	FetchBlockDefault    = time.Second      // RunnerConfig.FetchBlock on a Redis Cluster
+	// FetchBlockNodeDefault is RunnerConfig.FetchBlock's default on a
+	// single Redis server or Sentinel, where one wait covers every idle
+	// partition: an idle runner sends its five commands this often.
+	FetchBlockNodeDefault = 10 * time.Second
+	FetchBatchDefault     = 16                     // RunnerConfig.FetchBatch
+	RetryPollDefault      = 500 * time.Millisecond // RunnerConfig.RetryPoll
 	// ExecStartsPerCPU × GOMAXPROCS is the default ExecStarts.
 	ExecStartsPerCPU = 2
 	// ReclaimIntervalMax caps the default ReclaimInterval,
@@ -53,11 +57,15 @@ type RunnerConfig struct {
 	// ShutdownGrace: on shutdown, running stages get this long to finish;
 	// the rest are stopped and handed back (default 10s).
 	ShutdownGrace time.Duration
-	// FetchBlock is how long an idle partition's wait on its bell blocks
-	// (default 1s); shutdown waits for the waits in flight, so keep it
-	// short. It also bounds how long a lost ring delays work, and how long
-	// idle partitions hold slots. A wait carries its read only when
-	// FetchBlock is at most a sixth of the shortest lease TTL.
+	// FetchBlock is how long an idle wait blocks: on a single Redis server
+	// or Sentinel the runner's one wait on every idle partition's bell
+	// (default FetchBlockNodeDefault, 10s; a stopping runner ends it at
+	// once), on a Redis Cluster each partition's wait on its bell (default
+	// 1s; shutdown waits for the waits in flight, so keep it short, and a
+	// wait there carries its read only when FetchBlock is at most a sixth
+	// of the shortest lease TTL). It also bounds how long a ring lost to a
+	// runner that died between its wait and its read delays work, and how
+	// long idle partitions hold slots.
 	FetchBlock time.Duration
 	// FetchBatch bounds the entries taken per read (default 16).
 	FetchBatch int
@@ -151,9 +159,10 @@ type Runner struct {
 	// reclaimPasses counts reclaimAll's passes (only its loop touches
 	// it), which drain the legacy streams every legacyDrainEvery.
 	reclaimPasses int
-	// retryPasses counts moveRetries' passes (only its loop touches it):
-	// every retrySweepEvery, all partitions.
-	retryPasses int
+	// sweepDue asks the timer for a sweep of every partition (sweepAll),
+	// which goes on from sweepFrom (only the timer touches it).
+	sweepDue  atomic.Bool
+	sweepFrom int
 	// readConf and finishConf (by scope) are what is constant about this
 	// runner in every read_next.lua and finish.lua call, as the one
 	// argument those take for it (lua/lib/base.lua conf_fields), built once.
@@ -181,6 +190,8 @@ type Runner struct {
 		idleWait func(p int, carried bool)
 		// waitRead: the read sent with a wait on partition p took n entries.
 		waitRead func(p, n int)
+		// timerSleeps: the timer read the due index and sleeps d.
+		timerSleeps func(d time.Duration)
 	}
 
 	// pumps: a wake-up channel per limiter this runner's jobs use (pumpLoop)
@@ -196,6 +207,9 @@ type Runner struct {
 func NewRunner(reg *Registry, cfg RunnerConfig) (*Runner, error) {
 	if reg == nil {
 		return nil, fmt.Errorf("%w: nil registry", ErrConfig)
+	}
+	if cfg.FetchBlock == 0 && reg.singleNode {
+		cfg.FetchBlock = FetchBlockNodeDefault
 	}
 	if err := cfg.normalize(); err != nil {
 		return nil, err
@@ -271,8 +285,12 @@ func (r *Runner) Run(ctx context.Context) error {
 	if r.nodeWait != nil {
 		loops.Go(func() { r.nodeWait.run(ctx) })
 	}
-	loops.Go(func() { r.every(ctx, r.cfg.ReclaimInterval, r.reclaimAll) })
-	loops.Go(func() { r.every(ctx, r.cfg.RetryPoll, r.moveRetries) })
+	if r.reg.singleNode {
+		loops.Go(func() { r.timerLoop(ctx) })
+	} else {
+		loops.Go(func() { r.every(ctx, r.cfg.ReclaimInterval, r.reclaimAll) })
+		loops.Go(func() { r.every(ctx, r.cfg.RetryPoll, r.moveRetries) })
+	}
 	loops.Go(func() { r.every(ctx, r.cfg.JanitorInterval, r.janitorPass) })
 	loops.Go(func() { r.cancelListener(ctx, cancels) })
 	loops.Go(func() { r.presenceLoop(ctx) })

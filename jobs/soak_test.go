@@ -484,11 +484,15 @@ func (c *soakCounter) String() string {
 }
 
 // soakFencedScripts are the scripts whose reply says "not held" as {0} or 0.
-var soakFencedScripts = map[string]string{
-	lua.MustScript("checkpoint_advance").Hash():  "advance",
-	lua.MustScript("checkpoint_progress").Hash(): "progress",
-	lua.MustScript("finish").Hash():              "finish",
-}
+var soakFencedScripts = func() map[string]string {
+	m := map[string]string{}
+	for name, short := range map[string]string{"checkpoint_advance": "advance", "checkpoint_progress": "progress", "finish": "finish"} {
+		for _, sha := range scriptSHAs(name) {
+			m[sha] = short
+		}
+	}
+	return m
+}()
 
 // soakRefused reports whether a fenced script's reply says "not held".
 func soakRefused(cmd redis.Cmder) bool {
@@ -533,7 +537,7 @@ func soakMentions(cmd redis.Cmder, s string) bool {
 	return false
 }
 
-var soakHeartbeatSHA = lua.MustScript("heartbeat").Hash()
+var soakHeartbeatSHAs = scriptSHAs("heartbeat")
 
 func soakIsHeartbeat(cmd redis.Cmder) bool {
 	args := cmd.Args()
@@ -544,7 +548,7 @@ func soakIsHeartbeat(cmd redis.Cmder) bool {
 	body, _ := args[1].(string)
 	switch strings.ToLower(name) {
 	case "evalsha":
-		return body == soakHeartbeatSHA
+		return slices.Contains(soakHeartbeatSHAs, body)
 	case "fcall":
 		script, _ := lua.ScriptOfFunction(body)
 		return script == "heartbeat"

@@ -17,10 +17,7 @@
 --          (comma list) and maxAttempts (the definition a follow-up run
 --          takes), the job's lease TTL (ms, for the claim of the entry taken),
 --          'L' when the job has limiters: the entry taken is not claimed
---          here (its limiters admit it first, jobs.admitAndStart), and
---          the retry index on a single Redis server ('' on a Cluster,
---          keyspace.Space.RetryDue): a retry scheduled here lowers the
---          partition's due time there (one ZADD LT per retry)
+--          here (its limiters admit it first, jobs.admitAndStart)
 -- ARGV[2] token   ARGV[3] runId
 -- ARGV[4] result: done | failed | cancelled | retry | defer | handback
 --          (defer: the stage asked to run again later, jobs.RetryAfter —
@@ -142,7 +139,7 @@ repeat
     end
     rcall('HSET', task, unpk(with_fields(fields, upd)))
     rcall('ZADD', part.retry, due, run_id .. ' ' .. r.key)
-    if cf[9] and cf[9] ~= '' then rcall('ZADD', cf[9], 'LT', due, tag) end
+    mark_due('r', part.q, due, now)
     hist_push_after(hist, cap, before, hist_err(now, 'retry-scheduled', run_id, r.stage, what, owner, token, ARGV[6]))
   elseif result == 'handback' then
     -- Graceful shutdown: keep the checkpoint, give the attempt back and
@@ -176,7 +173,7 @@ until true
 
 if n > 0 then
   if not now then now, now_us = clock() end
-  read_lanes(out, queue, ARGV[9] == 'b' and 'b' or 'p', n, now + conf_num(idle))
+  read_lanes(out, queue, ARGV[9] == 'b' and 'b' or 'p', n, now + conf_num(idle), now)
   -- The one entry taken is claimed here when it is a run of this job
   -- (entry_parts: nil for an entry that is not tasklease's, which the
   -- caller drops; another job's the caller claims with its definition).

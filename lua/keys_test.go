@@ -25,14 +25,15 @@ func TestLuaDerivesKeyspaceNames(t *testing.T) {
 local q = queue_of(tag)
 return {tag, q.b, q.p, q.bell, q.taken, tag .. ':index', tag .. ':retry', tag .. ':watch', tag .. ':events',
   tag .. ':paused', tag .. ':parked', tag .. ':task:' .. ARGV[1], tag .. ':lease:' .. ARGV[1],
-  tag .. ':history:' .. ARGV[1], string.sub(KEYS[1], #tag + 7), tag .. ':cancels', tag .. ':subjects-seen:course_sync'}`
+  tag .. ':history:' .. ARGV[1], string.sub(KEYS[1], #tag + 7), tag .. ':cancels', tag .. ':subjects-seen:course_sync',
+  due_key(tag)}`
 	src, err := compose(lib, "keys_test", body)
 	if err != nil {
 		t.Fatal(err)
 	}
 	script := redis.NewScript(src)
 	rdb := redistest.StartMini(t).Client(t)
-	for _, prefix := range []string{"", "tl", "a-b_c"} {
+	for _, prefix := range []string{"", "tl", "a-b_c", "app:p2"} {
 		ks, err := keyspace.New(prefix, 16)
 		if err != nil {
 			t.Fatal(err)
@@ -45,7 +46,7 @@ return {tag, q.b, q.p, q.bell, q.taken, tag .. ':index', tag .. ':retry', tag ..
 			p := ks.Partition(k)
 			want := append([]string{ks.Tag(p)}, ks.QueueKeys(p)...)
 			want = append(want, ks.Index(p), ks.Retry(p), ks.Watch(p), ks.Events(p), ks.Paused(p), ks.Parked(p),
-				ks.Task(k), ks.Lease(k), ks.History(k), k.String(), ks.Cancels(p), ks.Subjects(p, "course_sync"))
+				ks.Task(k), ks.Lease(k), ks.History(k), k.String(), ks.Cancels(p), ks.Subjects(p, "course_sync"), ks.Due())
 			got, err := script.Run(context.Background(), rdb, []string{ks.Task(k)}, k.String()).StringSlice()
 			if err != nil {
 				t.Fatal(err)

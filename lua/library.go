@@ -31,24 +31,54 @@ type Library struct {
 type LibraryOptions struct {
 	// ShardedPubSub publishes views and cancels with SPUBLISH instead of
 	// PUBLISH (for Redis Cluster, whose subscribers use SSUBSCRIBE on the
-	// channel's slot).
+	// channel's slot). The library only: SPUBLISH needs Redis 7, as
+	// Functions do, and a script run by EVAL keeps PUBLISH.
 	ShardedPubSub bool
+	// DueIndex keeps the due index (lib/queues.lua DUE_INDEX,
+	// keyspace.Space.Due): on a single Redis server or a Sentinel's
+	// primary only. The scripts of SourceWith take it too.
+	DueIndex bool
 }
 
-// publishLine is lib/publish.lua's definition of the publish command.
-const publishLine = "local PUBLISH_CMD = 'PUBLISH'"
+// publishLine is lib/publish.lua's definition of the publish command;
+// dueIndexLine lib/queues.lua's switch of the due index.
+const (
+	publishLine  = "local PUBLISH_CMD = 'PUBLISH'"
+	dueIndexLine = "local DUE_INDEX = false"
+)
+
+// variant applies opts to lib (the helpers): only what scripts run by
+// EVAL take too, unless library.
+func variant(lib string, opts LibraryOptions, library bool) (string, error) {
+	swap := func(line, with string) error {
+		if !strings.Contains(lib, line) {
+			return fmt.Errorf("lua: lib/ does not define %q", line)
+		}
+		lib = strings.Replace(lib, line, with, 1)
+		return nil
+	}
+	if opts.ShardedPubSub && library {
+		if err := swap(publishLine, "local PUBLISH_CMD = 'SPUBLISH'"); err != nil {
+			return "", err
+		}
+	}
+	if opts.DueIndex {
+		if err := swap(dueIndexLine, "local DUE_INDEX = true"); err != nil {
+			return "", err
+		}
+	}
+	return lib, nil
+}
 
 // NewLibrary builds the library of every script.
 func NewLibrary(opts LibraryOptions) (*Library, error) {
-	lib, err := readLib()
+	plain, err := readLib()
 	if err != nil {
 		return nil, err
 	}
-	if opts.ShardedPubSub {
-		if !strings.Contains(lib, publishLine) {
-			return nil, fmt.Errorf("lua: lib/publish.lua does not define %q", publishLine)
-		}
-		lib = strings.Replace(lib, publishLine, "local PUBLISH_CMD = 'SPUBLISH'", 1)
+	lib, err := variant(plain, opts, true)
+	if err != nil {
+		return nil, err
 	}
 	names, err := fs.Glob(files, "*.lua")
 	if err != nil {
@@ -77,7 +107,9 @@ func NewLibrary(opts LibraryOptions) (*Library, error) {
 		if !ok {
 			continue
 		}
-		src, err := Source(name)
+		// Callers name a script by its EVALSHA hash: the one SourceWith
+		// gives for the same options.
+		src, err := SourceWith(name, opts)
 		if err != nil {
 			return nil, err
 		}

@@ -45,7 +45,14 @@ func TestLibraryHoldsEveryScript(t *testing.T) {
 		strings.Contains(lib.Code, "local PUBLISH_CMD = 'SPUBLISH'") {
 		t.Errorf("sharded variant %s (of %s) does not publish with SPUBLISH alone", sharded.Name, lib.Name)
 	}
-	for _, code := range []string{lib.Code, sharded.Code} {
+	due, err := lua.NewLibrary(lua.LibraryOptions{DueIndex: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if due.Name == lib.Name || !strings.Contains(due.Code, "local DUE_INDEX = true") || strings.Contains(lib.Code, "local DUE_INDEX = true") {
+		t.Errorf("due-index variant %s (of %s) does not keep the index alone", due.Name, lib.Name)
+	}
+	for _, code := range []string{lib.Code, sharded.Code, due.Code} {
 		if strings.Contains(code, "call('PUBLISH'") {
 			t.Error("a script publishes without PUBLISH_CMD")
 		}
@@ -56,6 +63,9 @@ func TestLibraryHoldsEveryScript(t *testing.T) {
 	ctx := context.Background()
 	if err := rdb.FunctionLoad(ctx, lib.Code).Err(); err != nil {
 		t.Fatalf("FUNCTION LOAD: %v", err)
+	}
+	if err := rdb.FunctionLoad(ctx, due.Code).Err(); err != nil {
+		t.Fatalf("FUNCTION LOAD of the due-index variant: %v", err)
 	}
 	if err := rdb.FunctionLoad(ctx, sharded.Code).Err(); err != nil {
 		t.Fatalf("FUNCTION LOAD of the sharded variant next to it: %v", err)

@@ -9,7 +9,10 @@
 -- returns 1, or 0 when the run is no longer the one queued
 local v = rcall('HMGET', KEYS[1], 'runId', 'status', 'waiting')
 if v[1] ~= ARGV[1] or not (v[2] == 'queued' or v[2] == 'retrying') then return 0 end
-rcall('ZADD', KEYS[2], 'XX', tonum(now_ms()) + tonum(ARGV[4]), ARGV[2])
+local now = now_ms()
+local at = tonum(now) + tonum(ARGV[4])
+rcall('ZADD', KEYS[2], 'XX', at, ARGV[2])
+mark_due('t', {taken = KEYS[2]}, at, now)
 if v[3] ~= ARGV[3] then
   rcall('HSET', KEYS[1], 'waiting', ARGV[3], 'v', '')
   publish({events = ARGV[5], watch = KEYS[3]}, KEYS[1])

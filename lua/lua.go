@@ -60,8 +60,16 @@ func readLib() (string, error) {
 
 // Source returns the full source of script name (without ".lua"), the
 // helpers it uses included.
-func Source(name string) (string, error) {
-	lib, err := readLib()
+func Source(name string) (string, error) { return SourceWith(name, LibraryOptions{}) }
+
+// SourceWith is Source of the variant opts selects (LibraryOptions; of
+// them, what a script run by EVAL takes).
+func SourceWith(name string, opts LibraryOptions) (string, error) {
+	plain, err := readLib()
+	if err != nil {
+		return "", err
+	}
+	lib, err := variant(plain, opts, false)
 	if err != nil {
 		return "", err
 	}
@@ -156,8 +164,11 @@ func uncommented(s string) string {
 }
 
 // Script returns script name ready to run.
-func Script(name string) (*redis.Script, error) {
-	src, err := Source(name)
+func Script(name string) (*redis.Script, error) { return ScriptWith(name, LibraryOptions{}) }
+
+// ScriptWith is Script of the variant opts selects (SourceWith).
+func ScriptWith(name string, opts LibraryOptions) (*redis.Script, error) {
+	src, err := SourceWith(name, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -167,8 +178,11 @@ func Script(name string) (*redis.Script, error) {
 // MustScript is Script for tasklease's own packages, which name their
 // scripts with constants when they are constructed; it panics on an unknown
 // name, which every package's tests would catch at once.
-func MustScript(name string) *redis.Script {
-	s, err := Script(name)
+func MustScript(name string) *redis.Script { return MustScriptWith(name, LibraryOptions{}) }
+
+// MustScriptWith is MustScript of the variant opts selects (SourceWith).
+func MustScriptWith(name string, opts LibraryOptions) *redis.Script {
+	s, err := ScriptWith(name, opts)
 	if err != nil {
 		panic(err)
 	}

@@ -52,6 +52,7 @@ local tag = tag_of(KEYS[i])
 local part = part_of(tag)
 local cf = conf_fields(ARGV[1])
 rcall('ZADD', part.q.taken, now + conf_num(cf[2]), got)
+mark_due('t', part.q, now + conf_num(cf[2]), now)
 -- Another idle runner takes what is left, if anything: asked here (two
 -- LLEN) rather than rung blindly as read_lanes does, since a read that
 -- found an idle partition's one request would wake a fetcher for nothing.

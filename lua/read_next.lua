@@ -30,6 +30,6 @@ local tag = tag_of(KEYS[1])
 local part = part_of(tag)
 local q = part.q
 local cf = conf_fields(ARGV[3])
-local taken = read_lanes({}, q, ARGV[2], n, now + conf_num(cf[2]))
+local taken = read_lanes({}, q, ARGV[2], n, now + conf_num(cf[2]), now)
 if #taken == 0 then return taken end
 return claim_read(cf, tag, part, taken, now, now_us)

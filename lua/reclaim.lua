@@ -20,7 +20,10 @@
 -- returns the entries taken
 -- A pending entry's run's lease key, "<tag>:lease:<task key>", is derived
 -- from the stream's hash tag (as finish.lua derives keys): in its slot.
--- Cost: ZRANGEBYSCORE, TIME, ZADD for what it takes; the drain two EXISTS
+-- With the due index (lua.Options.DueIndex) the partition's entry there is
+-- set to its taken set's earliest time, or removed with the last entry.
+-- Cost: ZRANGEBYSCORE, TIME, ZADD for what it takes (with the due index a
+-- ZRANGE and a ZADD or ZREM more); the drain two EXISTS
 -- while no legacy stream is left (while one is, per pending entry idle
 -- past the reclaim idle, up to 4n, an XRANGE and an EXISTS of its lease).
 local q = queue_at(KEYS, 1)
@@ -99,4 +102,5 @@ if #due > 0 then
   for i = 1, #due do za[2 * i - 1], za[2 * i] = until_ms, due[i] end
   rcall('ZADD', q.taken, 'XX', unpk(za))
 end
+reset_due('t', q, q.taken)
 return due

@@ -3,11 +3,10 @@
 -- KEYS[1] partition retry queue (members "<runId> <task key>")
 -- KEYS[2..5] the partition's queue keys (lib/queues.lua queue_at)
 -- ARGV[1] max entries to move
--- ARGV[2] the retry index of a single Redis server ('' on a Cluster:
---         keyspace.Space.RetryDue), ARGV[3] the partition's tag there
 -- returns the number moved
--- With the index, the partition's entry there is set to its earliest
--- retry left (or removed with the last): ZRANGE and ZADD or ZREM more.
+-- With the due index (lua.Options.DueIndex) the partition's entry there is
+-- set to its earliest retry left (or removed with the last): ZRANGE and
+-- ZADD or ZREM more.
 local due = rcall('ZRANGEBYSCORE', KEYS[1], '-inf', now_ms(), 'LIMIT', 0, tonum(ARGV[1]))
 local q = queue_at(KEYS, 2)
 for _, member in ipairs(due) do
@@ -15,12 +14,5 @@ for _, member in ipairs(due) do
   enqueue(q, 'b', ssub(member, 1, sp - 1), ssub(member, sp + 1), 'retry')
   rcall('ZREM', KEYS[1], member)
 end
-if ARGV[2] and ARGV[2] ~= '' then
-  local first = rcall('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-  if first[2] then
-    rcall('ZADD', ARGV[2], first[2], ARGV[3])
-  else
-    rcall('ZREM', ARGV[2], ARGV[3])
-  end
-end
+reset_due('r', q, KEYS[1])
 return #due

@@ -220,12 +220,14 @@ func (s *Space) PartitionOfTag(tag string) (int, bool) {
 	return p, ok
 }
 
-// RetryDue is the retry index of a single Redis server (not used on a
-// Cluster, where it would be another slot than the partitions'): per
-// partition tag, no later than the partition's earliest retry is due, so an
-// idle runner finds the partitions with due retries in one read instead of
-// asking each (jobs.Runner.moveRetries).
-func (s *Space) RetryDue() string { return s.prefix + ":retry-due" }
+// Due is the due index of a single Redis server or Sentinel (not used on a
+// Cluster, where it would be in another slot than the partitions'): a
+// sorted set with a member per partition that has something coming due —
+// "t" + its tag for its taken set (a lease to reclaim, a delayed run),
+// "r" + its tag for its retries — scored no later than the earliest of
+// them (Redis time, ms). It is also the channel on which the scripts wake
+// the runners' timers (lua/lib/queues.lua mark_due, jobs.Runner's timer).
+func (s *Space) Due() string { return s.prefix + ":due" }
 
 // JanitorTurn is the key a runner sets (SET NX, expiring with the janitor's
 // interval) to take the fleet's janitor pass: one pass per interval for the

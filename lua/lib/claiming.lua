@@ -51,6 +51,7 @@ local function claim_entry(c, task, lease_key, hist, lane, entry_id, run_id, sou
     -- Make the entry reclaimable the moment the lease would expire, not a
     -- whole idle period later; a live holder's heartbeat moves it on.
     rcall('ZADD', c.q.taken, 'XX', now + pttl, entry_id)
+    mark_due('t', c.q, now + pttl, now)
     return {'busy', holder, pttl}
   end
   -- A cancel (or replace) ends the run at once, even during its retry backoff.
@@ -104,6 +105,7 @@ local function claim_entry(c, task, lease_key, hist, lane, entry_id, run_id, sou
       why = 'waiting for a runner that defines stage ' .. missing .. ' (' .. owner .. ' does not)'
     end
     rcall('ZADD', c.q.taken, 'XX', now, entry_id)
+    mark_due('t', c.q, now, now)
     if rec[10] ~= why then
       rcall('HSET', task, 'waiting', why, 'v', '')
       publish(c, task)
@@ -158,6 +160,7 @@ local function claim_entry(c, task, lease_key, hist, lane, entry_id, run_id, sou
     -- expire, so a holder that dies before its first heartbeat is
     -- taken over in time.
     rcall('ZADD', c.q.taken, 'XX', tonum(now) + tonum(ttl), entry_id)
+    mark_due('t', c.q, tonum(now) + tonum(ttl), now)
   end
   if rec[13] and rec[13] ~= '' then
     fields[#fields + 1] = 'v' -- the cached view (lib/submitting.lua submit_fast)

@@ -32,13 +32,35 @@ local function tag_of(key) return ssub(key, 1, (sfind(key, '}', 1, true))) end
 
 -- queue_of is queue_at's table from a partition's hash tag.
 local function queue_of(tag)
-  return {b = tag .. ':q:b', p = tag .. ':q:p', bell = tag .. ':bell', taken = tag .. ':taken'}
+  return {b = tag .. ':q:b', p = tag .. ':q:p', bell = tag .. ':bell', taken = tag .. ':taken', tag = tag}
 end
+
+-- DUE_INDEX: whether scripts keep the due index, one sorted set naming the
+-- partitions that have something coming due — "t<tag>" its taken set (a
+-- lease to reclaim, a delayed run to start, an entry to re-ask), "r<tag>"
+-- its retries — each scored at or before the earliest due time of that
+-- set (ms, Redis time), so an idle runner reads one key instead of asking
+-- every partition every second (jobs.Runner's timer). On a single Redis
+-- server or a Sentinel's primary only: on a Cluster the partitions' keys
+-- are in other slots, so runners ask each partition there. Set by
+-- lua.Options.DueIndex, which replaces this line.
+local DUE_INDEX = false
+
+-- DUE_HORIZON_MS: a runner's timer reads the due index at least this often
+-- (jobs.dueHorizon; TestDueHorizonMatches pins the two), so an entry due
+-- later than that from now needs no wake-up: the timer reads it in time.
+-- One due sooner, and before everything the index holds, is published on
+-- the index's own channel, which the timers subscribe to.
+local DUE_HORIZON_MS = 5000
+
+-- due_key is the due index's name for a partition's hash tag
+-- ("{<prefix>:p<n>}" -> "<prefix>:due", keyspace.Space.Due).
+local function due_key(tag) return ssub(tag, 2, #tag - 1):match('^(.*):p%d+$') .. ':due' end
 
 -- PARTS caches, by partition hash tag, the names of the partition's keys
 -- that calls derive: q (queue_of), index, events (channel), watch,
--- paused, parked, retry. They are the same strings on every call; in the
--- Functions library they are made once per load instead of once per call
+-- paused, parked, retry, due (the due index, with DUE_INDEX). They are
+-- the same strings on every call; in the Functions library they are made once per load instead of once per call
 -- (each name a concatenation of ~800 instructions, the lanes' table
 -- ~1,500). A deployment's partitions are few (keyspace.Space), so the
 -- cache stays small. Read only: a call keeps its own state elsewhere.
@@ -49,10 +71,41 @@ local function part_of(tag)
   local p = PARTS[tag]
   if not p then
     p = {q = queue_of(tag), index = tag .. ':index', events = tag .. ':events', watch = tag .. ':watch',
-      paused = tag .. ':paused', parked = tag .. ':parked', retry = tag .. ':retry'}
+      paused = tag .. ':paused', parked = tag .. ':parked', retry = tag .. ':retry', due = DUE_INDEX and due_key(tag)}
     PARTS[tag] = p
   end
   return p
+end
+
+-- mark_due records that q's partition has something of kind ('t' taken,
+-- 'r' retries) due at `at` (ms): ZADD LT, so the index keeps the earliest;
+-- a wake-up for one due within the horizon and before all the rest. Costs
+-- nothing without DUE_INDEX; with it one ZADD (a ZRANGE and a PUBLISH more
+-- when due within the horizon).
+local function mark_due(kind, q, at, now)
+  if not DUE_INDEX then return end
+  local tag = q.tag or tag_of(q.taken)
+  local idx = part_of(tag).due
+  if at - now < DUE_HORIZON_MS then
+    local first = rcall('ZRANGE', idx, 0, 0, 'WITHSCORES')
+    if not first[2] or tonum(at) < tonum(first[2]) then rcall(PUBLISH_CMD, idx, kind) end
+  end
+  rcall('ZADD', idx, 'LT', at, kind .. tag)
+end
+
+-- reset_due sets q's partition's entry of kind in the due index to the
+-- earliest score of zkey (its taken set or retry queue), or removes it
+-- when zkey is empty: what reclaim.lua and retry_move.lua leave after them.
+local function reset_due(kind, q, zkey)
+  if not DUE_INDEX then return end
+  local tag = q.tag or tag_of(q.taken)
+  local idx = part_of(tag).due
+  local first = rcall('ZRANGE', zkey, 0, 0, 'WITHSCORES')
+  if first[2] then
+    rcall('ZADD', idx, first[2], kind .. tag)
+  else
+    rcall('ZREM', idx, kind .. tag)
+  end
 end
 
 -- ring wakes one idle runner of the partition (one token at most).
@@ -99,8 +152,9 @@ end
 -- out. When it took all it asked for, it rings the bell, so another idle
 -- runner takes what may be left (without asking the lanes' lengths: a ring
 -- with nothing left costs an idle runner one empty read, and a busy system
--- has a token waiting already, so the ring is one LLEN).
-local function read_lanes(out, q, first, n, due)
+-- has a token waiting already, so the ring is one LLEN). The due index
+-- learns when the entries become due (mark_due; now: Redis time, ms).
+local function read_lanes(out, q, first, n, due, now)
   local other = first == 'p' and 'b' or 'p'
   local got, rest
   if has_lmpop then
@@ -119,7 +173,10 @@ local function read_lanes(out, q, first, n, due)
   local za = {}
   local j = taken_pairs(za, 0, out, got, due)
   j = taken_pairs(za, j, out, rest, due)
-  if j > 0 then rcall('ZADD', q.taken, unpk(za)) end
+  if j > 0 then
+    rcall('ZADD', q.taken, unpk(za))
+    mark_due('t', q, due, now)
+  end
   if j == 2 * n then ring(q) end
   return out
 end

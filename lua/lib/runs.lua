@@ -22,6 +22,7 @@ local function new_run(task, q, hist, key, run_id, stages, max_attempts, sources
   if not_before then
     id, waiting = lane .. run_id .. US .. key .. US .. source, 'notBefore ' .. not_before
     rcall('ZADD', q.taken, not_before, id)
+    mark_due('t', q, not_before, now)
   else
     id = enqueue(q, lane, run_id, key, source)
   end
