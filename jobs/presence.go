@@ -18,8 +18,11 @@ import (
 // Presence defaults: every runner refreshes its own record in the runner
 // registry (GET /v1/runners).
 const (
-	// PresenceIntervalDefault is how often a runner refreshes its record.
-	PresenceIntervalDefault = 2 * time.Second
+	// PresenceIntervalDefault is how often a runner refreshes its record
+	// (Sidekiq's processes beat as often): four Redis commands a beat, a
+	// runner shown gone 30 s after its last. Nothing but the registry's
+	// view depends on it — leases and their recovery have their own TTL.
+	PresenceIntervalDefault = 10 * time.Second
 	// presenceMissed is how many refreshes a runner may miss before it is
 	// shown gone.
 	presenceMissed = 3

@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -65,8 +66,21 @@ func (c *Config) RedisOptions() *redis.UniversalOptions {
 		}
 		o.PoolSize = max(10*runtime.GOMAXPROCS(0), conc+parts+poolSizeSlack)
 	}
+	if o.ConnMaxIdleTime == 0 { // not set by a conn_max_idle_time URL option
+		// Taken oldest first, the pool's connections are each used in
+		// turn, and one idle for poolIdleTimeout is closed when it comes
+		// up: a busy pod keeps what it uses, and an idle one closes what
+		// its start opened (go-redis keeps idle connections for 30 minutes
+		// and, newest first, never looks at the oldest).
+		o.PoolFIFO, o.ConnMaxIdleTime = true, poolIdleTimeout
+	}
 	return o
 }
+
+// poolIdleTimeout: a pool connection idle this long is closed when it is
+// next taken. An idle runner's timer uses one at least every dueHorizon
+// (5 s), so it keeps one or two.
+const poolIdleTimeout = 6 * time.Second
 
 // universalFromOptions carries over what redis.ParseURL can set (address,
 // credentials, db, TLS and the query options).
