@@ -277,12 +277,16 @@ func TestCancelJustAfterClaimActsAtOnce(t *testing.T) {
 				job := Job{Scope: "sync", Stages: []Stage{{Name: "pull", Handler: stage}}}
 				admin := newEnv(t, b.Client, Config{Prefix: "cj", Partitions: 1, Jobs: []Job{job}})
 				handled := make(chan string, 16)
-				var answer CancelOutcome
+				// The hook runs on the runner's goroutine: its answer comes
+				// over a channel (Redis over TCP is no synchronization the
+				// race detector sees).
+				answers := make(chan CancelOutcome, 1)
 				rc := redis.NewClient(b.Client.(*redis.Client).Options())
 				t.Cleanup(func() { _ = rc.Close() })
 				rc.AddHook(&afterGrant{name: path, fn: func() {
-					var err error
-					if answer, err = admin.reg.Cancel(bg, target, "sync"); err != nil {
+					answer, err := admin.reg.Cancel(bg, target, "sync")
+					answers <- answer
+					if err != nil {
 						t.Error(err)
 						return
 					}
@@ -310,6 +314,11 @@ func TestCancelJustAfterClaimActsAtOnce(t *testing.T) {
 				go func() { done <- rn.Run(ctx) }()
 				t.Cleanup(func() { stop(); <-done })
 				v := e.waitStatus(target, "sync", 3*time.Second, StatusCancelled, StatusDone, StatusFailed)
+				var answer CancelOutcome
+				select {
+				case answer = <-answers:
+				default: // the hook never ran
+				}
 				if v.Status != StatusCancelled || answer != CancelCancelling {
 					t.Errorf("%s|sync: %s, cancel answered %q; want cancelled at once after cancelling", target, v.Status, answer)
 				}

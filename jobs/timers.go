@@ -34,11 +34,12 @@ const (
 	dueSpread = 20 * time.Millisecond
 )
 
-// timerLoop runs the timer until ctx ends. Its first pass sweeps every
-// partition (sweepAll), which also enters into the index what an older
-// version or a lost write left out of it; it sweeps again after each of
-// the fleet's janitor passes, every JanitorInterval. A sweep cut short
-// (no free slot) goes on every ReclaimInterval until it is done.
+// timerLoop runs the timer until ctx ends. A ReclaimInterval after it
+// starts it sweeps every partition (sweepAll), which also enters into the
+// index what an older version or a lost write left out of it; it sweeps
+// again after each of the fleet's janitor passes, every JanitorInterval,
+// but never twice within a ReclaimInterval. A sweep cut short (no free
+// slot) goes on every ReclaimInterval until it is done.
 func (r *Runner) timerLoop(ctx context.Context) {
 	var wake <-chan *redis.Message // nil without a subscription: the horizon still bounds the sleep
 	if sub, err := r.reg.hub.subscribe(ctx, []string{r.reg.ks.Due()}); err != nil {
@@ -54,7 +55,9 @@ func (r *Runner) timerLoop(ctx context.Context) {
 	// asked: taken-set members, when this runner last asked their
 	// partition; one not asked yet counts as asked when the timer started
 	// (a runner's ReclaimInterval holds from its start).
-	asked := map[string]time.Time{"": time.Now()}
+	start := time.Now()
+	asked := map[string]time.Time{"": start}
+	sweptAt := start
 	failures := 0
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -67,15 +70,22 @@ func (r *Runner) timerLoop(ctx context.Context) {
 				drained = true
 			}
 		}
-		swept := true
+		swept, hold := true, r.cfg.ReclaimInterval
 		if r.sweepDue.Load() {
-			if swept = r.sweepAll(ctx); swept {
+			// A sweep asks every taken set, so it too waits out
+			// ReclaimInterval from the timer's start and from the last
+			// sweep: a runner configured never to reclaim does not take
+			// runs back because the janitor passed.
+			if wait := r.cfg.ReclaimInterval - time.Since(sweptAt); wait > 0 {
+				swept, hold = false, wait
+			} else if swept = r.sweepAll(ctx); swept {
 				r.sweepDue.Store(false)
+				sweptAt = time.Now()
 			}
 		}
 		d, err := r.timerPass(ctx, asked)
 		if !swept {
-			d = min(d, r.cfg.ReclaimInterval)
+			d = min(d, hold)
 		}
 		if err != nil {
 			if ctx.Err() != nil {
