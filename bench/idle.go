@@ -106,8 +106,8 @@ func (b *bench) idleFleet(n int, settle, window time.Duration, start func(i int)
 	return f, nil
 }
 
-// podConnections counts the connections to the private Redis that are not
-// the bench's admin client's (CLIENT LIST, by the admin's client name).
+// podConnections counts the pods' connections to the private Redis
+// (CLIENT LIST, by the pods' client name: not the bench's own clients').
 func (b *bench) podConnections() (int, error) {
 	list, err := b.admin.ClientList(b.ctx).Result()
 	if err != nil {
@@ -115,21 +115,24 @@ func (b *bench) podConnections() (int, error) {
 	}
 	n := 0
 	for _, line := range strings.Split(strings.TrimSpace(list), "\n") {
-		if line != "" && !strings.Contains(line, " name="+adminClientName+" ") {
+		if strings.Contains(line, " name="+podClientName+" ") {
 			n++
 		}
 	}
 	return n, nil
 }
 
-// adminClientName names the admin client's connections, so the idle
-// measurement leaves them out.
-const adminClientName = "bench-admin"
+// podClientName names the idle pods' connections, which the idle
+// measurement counts.
+const podClientName = "bench-pod"
 
-// idlePodClient is a pod's own client: go-redis's defaults, as a runner
-// serve without redis.poolSize has them (the pool opens what it uses).
+// idlePodClient is a pod's own client, as a runner serve without
+// redis.poolSize has it: go-redis's defaults (the pool opens what it
+// uses) but for the idle timeout runner serve sets (jobs.PoolIdleTimeout).
+// asynq's servers get the same client.
 func (b *bench) idlePodClient() *redis.Client {
-	return redis.NewClient(&redis.Options{Addr: b.addr, DisableIdentity: true})
+	return redis.NewClient(&redis.Options{Addr: b.addr, ClientName: podClientName, DisableIdentity: true,
+		PoolFIFO: true, ConnMaxIdleTime: jobs.PoolIdleTimeout})
 }
 
 func (b *bench) startIdleTasklease(i int) (func(), error) {

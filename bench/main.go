@@ -203,7 +203,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	defer srv.stop()
-	admin := redis.NewClient(&redis.Options{Addr: srv.addr, PoolSize: 16, DisableIdentity: true, ClientName: adminClientName})
+	admin := redis.NewClient(&redis.Options{Addr: srv.addr, PoolSize: 16, DisableIdentity: true, ClientName: "bench-admin"})
 	defer admin.Close()
 
 	b := &bench{ctx: ctx, addr: srv.addr, srv: srv, admin: admin, sz: fullSizes, log: stderr, commands: *commands}

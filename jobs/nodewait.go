@@ -173,7 +173,12 @@ func (w *nodeWaiter) run(ctx context.Context) {
 	blockSeconds := strconv.FormatFloat(w.r.cfg.FetchBlock.Seconds(), 'f', 3, 64)
 	// Without Functions the read goes as EVALSHA, which does not load a
 	// script: load it now rather than lose the first wait's read to NOSCRIPT
-	// (a failed load is done again on the first NOSCRIPT).
+	// (a failed load is done again on the first NOSCRIPT). Asked after the
+	// library's load, not beside another goroutine's: a script loaded for
+	// nothing also left the pool a connection open until its idle timeout.
+	if !w.r.reg.gc.FunctionsLoaded(ctx) {
+		_ = w.r.reg.gc.LoadFunctions(ctx)
+	}
 	if !w.r.reg.gc.FunctionsLoaded(ctx) {
 		_ = w.r.reg.scripts.readIdle.Load(ctx, w.r.reg.rdb).Err()
 	}

@@ -34,6 +34,15 @@ const (
 	// min(LeaseTTL/4, ReclaimIntervalMax).
 	ReclaimIntervalMax    = time.Second
 	redisErrorBackoffBase = 100 * time.Millisecond
+	// PoolIdleTimeout is the ConnMaxIdleTime runner serve gives its pool,
+	// with PoolFIFO: taken oldest first, the connections are each used in
+	// turn, and one idle this long is closed when it comes up, so a busy
+	// pod keeps what it uses and an idle one closes what its start opened
+	// (go-redis's default keeps idle connections 30 minutes and, taking
+	// the newest first, never looks at the oldest). An idle runner's timer
+	// uses one at least every 5 s, so it keeps one or two. Give a client
+	// of your own the same two options for the same effect.
+	PoolIdleTimeout = 6 * time.Second
 )
 
 // RunnerConfig configures a Runner.
@@ -274,6 +283,11 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 		return err
 	}
+	// The library is loaded before the loops start, not by whichever of
+	// them calls first: beside a load in flight the others go out as
+	// EVALSHA and load their scripts, each on a connection the pool then
+	// keeps until its idle timeout. (A failed load is retried by the calls.)
+	_ = r.reg.gc.LoadFunctions(ctx)
 	r.fetchCtx = ctx
 	r.workCtx, r.workCancel = context.WithCancelCause(context.WithoutCancel(ctx))
 	defer r.workCancel(nil)

@@ -9,7 +9,6 @@ import (
 	"os"
 	"runtime"
 	"slices"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -72,15 +71,10 @@ func (c *Config) RedisOptions() *redis.UniversalOptions {
 		// up: a busy pod keeps what it uses, and an idle one closes what
 		// its start opened (go-redis keeps idle connections for 30 minutes
 		// and, newest first, never looks at the oldest).
-		o.PoolFIFO, o.ConnMaxIdleTime = true, poolIdleTimeout
+		o.PoolFIFO, o.ConnMaxIdleTime = true, jobs.PoolIdleTimeout
 	}
 	return o
 }
-
-// poolIdleTimeout: a pool connection idle this long is closed when it is
-// next taken. An idle runner's timer uses one at least every dueHorizon
-// (5 s), so it keeps one or two.
-const poolIdleTimeout = 6 * time.Second
 
 // universalFromOptions carries over what redis.ParseURL can set (address,
 // credentials, db, TLS and the query options).
