@@ -269,8 +269,18 @@ func (r *Runner) execute(lr *localRun, c claimResult, readNext bool) (next []nex
 		log.Warn("lease lost; stopped without writing", slog.String("stage", run.stage), slog.Any("error", keeper.Err()))
 		return nil, carriedOf(c.slots, e.id, result, nil)
 	}
+	slots := c.slots
+	if ra, ok := retryAfterOf(stageErr); ok && result == resultDefer && holdsOnRetryAfter(slots) {
+		// The hold lands before finish shows the run retrying: carried
+		// to the next admission, it would land a round trip or two after,
+		// and a run submitted in between could start (CI caught one in
+		// TestLimiterHoldOnRetryAfter). The stage is over; its slots are
+		// given back now.
+		r.releaseGrants(context.Background(), slots, e.id, 0, false, ra.Delay)
+		slots = nil
+	}
 	next = r.finish(job, e, lease, result, completed, stageErr, c.attempt, readNext, log)
-	return next, carriedOf(c.slots, e.id, result, stageErr)
+	return next, carriedOf(slots, e.id, result, stageErr)
 }
 
 func (j *Job) stage(name string) *Stage {

@@ -19,6 +19,8 @@ type idleWaits struct {
 	waiting map[int]bool // partition → a wait started since the last reset
 	carried map[int]int  // partition → waits that held a slot for their read
 	took    int          // entries the reads sent with waits took
+	// carriedAt: when the latest wait that carries its read was sent.
+	carriedAt time.Time
 }
 
 func watchIdleWaits(rn *Runner) *idleWaits {
@@ -29,6 +31,7 @@ func watchIdleWaits(rn *Runner) *idleWaits {
 		w.waiting[p] = true
 		if carried {
 			w.carried[p]++
+			w.carriedAt = time.Now()
 		}
 	}
 	rn.testHooks.waitRead = func(_, n int) {
@@ -174,22 +177,12 @@ func TestNodeWaitCountsTheLeaseFromTheGrant(t *testing.T) {
 	e := newEnv(t, rdb, Config{Prefix: "iw3", Partitions: 2, Jobs: []Job{clJob("sync", Stage{Name: "only", Handler: work})}})
 	const ttl = 600 * time.Millisecond
 	x := startWatched(t, e, RunnerConfig{ID: "iw", Concurrency: 8, FetchBlock: 5 * time.Second, LeaseTTL: ttl})
-	var mu sync.Mutex
-	var sent time.Time // of the latest wait that carries its read
-	hook := x.rn.testHooks.idleWait
-	x.rn.testHooks.idleWait = func(p int, carried bool) {
-		if carried {
-			mu.Lock()
-			sent = time.Now()
-			mu.Unlock()
-		}
-		hook(p, carried)
-	}
 	// The scenario needs the request to come a lease TTL into the block
 	// of the wait that reads it (waits end early while partitions park).
 	waitFor(t, 10*time.Second, "a wait carrying its read to block past a lease TTL", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
+		x.w.mu.Lock()
+		sent := x.w.carriedAt
+		x.w.mu.Unlock()
 		return x.w.partitionsWaiting() == 2 && !sent.IsZero() && time.Since(sent) > ttl+200*time.Millisecond
 	})
 	clSubmit(t, e.reg, "a", "sync", SourceManual, "")

@@ -93,6 +93,12 @@ func (r *Runner) released(grants []slotGrant, calls []*scriptCall, sent time.Tim
 	return more
 }
 
+// holdsOnRetryAfter: one of grants' limiters holds its starts when a run
+// is told to retry after a while.
+func holdsOnRetryAfter(grants []slotGrant) bool {
+	return slices.ContainsFunc(grants, func(g slotGrant) bool { return g.lim.hold })
+}
+
 // carriedOf is what a finished run carries to the next admission in its
 // runner slot: its slots, and the hold of a retry-after.
 func carriedOf(grants []slotGrant, id, result string, stageErr error) *carried {
