@@ -47,7 +47,9 @@ func TestQuickSuite(t *testing.T) {
 		"asynq_pickup_p50_ms", "asynq_bytes_per_finished_key", "submit_hot_per_s", "asynq_submit_hot_per_s",
 		"e2e_1stage_limited_per_s", "e2e_1stage_limited_baseline_per_s", "e2e_1stage_limited_redis_calls_per_run",
 		"round_trips_per_1stage_limited_run", "limiter_fairness_p50_ms", "rate_most_in_1s",
-		"idle_cmds_per_pod_1_pods", "asynq_idle_cmds_per_pod_10_pods", "idle_conns_per_pod_10_pods", "idle_redis_cpu_pct_10_pods") {
+		"idle_cmds_per_pod_1_pods", "asynq_idle_cmds_per_pod_10_pods", "idle_conns_per_pod_10_pods", "idle_redis_cpu_pct_10_pods",
+		"pickup_p99_ms_100_pods", "e2e_1stage_100_pods_ratio", "takeover_s_10_of_100_killed", "load_saturation_per_s",
+		"asynq_pickup_p99_ms_at_50pct", "pickup_p99_ms_at_90pct") {
 		v, ok := got[k]
 		if !ok {
 			t.Errorf("JSON has no %q", k)
@@ -55,6 +57,14 @@ func TestQuickSuite(t *testing.T) {
 		}
 		if f, ok := v.(float64); !ok || f <= 0 {
 			t.Errorf("%s = %v, want a positive number", k, v)
+		}
+	}
+	if bullmqAvailable() == nil || os.Getenv("TASKLEASE_REQUIRE_NODE") == "1" {
+		for _, k := range []string{"e2e_1stage_vs_bullmq", "submit_hot_vs_bullmq", "pickup_p50_vs_bullmq",
+			"bullmq_bytes_per_finished_key", "bullmq_remove_e2e_1stage_per_s", "bullmq_idle_conns_per_pod_1_pods"} {
+			if f, ok := got[k].(float64); !ok || f <= 0 {
+				t.Errorf("%s = %v, want a positive number (BullMQ's side ran)", k, got[k])
+			}
 		}
 	}
 	if errs, _ := got["errors"].([]any); len(errs) > 0 {

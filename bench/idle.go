@@ -65,9 +65,8 @@ type idleFigures struct {
 // idleFleet starts n pods with start, lets them settle, and measures a
 // window; the pods are stopped before it returns.
 func (b *bench) idleFleet(n int, settle, window time.Duration, start func(i int) (stop func(), err error)) (idleFigures, error) {
-	var f idleFigures
 	if err := b.reset(); err != nil {
-		return f, err
+		return idleFigures{}, err
 	}
 	var stops []func()
 	defer func() { // the pods stop together, as a fleet scaled to zero would
@@ -80,10 +79,17 @@ func (b *bench) idleFleet(n int, settle, window time.Duration, start func(i int)
 	for i := range n {
 		stop, err := start(i)
 		if err != nil {
-			return f, err
+			return idleFigures{}, err
 		}
 		stops = append(stops, stop)
 	}
+	return b.idleWindow(n, settle, window, podClientName)
+}
+
+// idleWindow measures n idle pods already started: it lets them settle,
+// then takes the window's commands, CPU and the pods' connections.
+func (b *bench) idleWindow(n int, settle, window time.Duration, connName string) (idleFigures, error) {
+	var f idleFigures
 	time.Sleep(settle)
 	before, err := takeSnapshot(b.ctx, b.admin)
 	if err != nil {
@@ -96,7 +102,7 @@ func (b *bench) idleFleet(n int, settle, window time.Duration, start func(i int)
 		return f, err
 	}
 	elapsed := time.Since(t0).Seconds()
-	conns, err := b.podConnections()
+	conns, err := b.podConnections(connName)
 	if err != nil {
 		return f, err
 	}
@@ -107,15 +113,20 @@ func (b *bench) idleFleet(n int, settle, window time.Duration, start func(i int)
 }
 
 // podConnections counts the pods' connections to the private Redis
-// (CLIENT LIST, by the pods' client name: not the bench's own clients').
-func (b *bench) podConnections() (int, error) {
+// (CLIENT LIST, by the pods' client name: not the bench's own clients';
+// name "": every connection but the bench's admin client's, for a peer
+// that names its connections itself).
+func (b *bench) podConnections(name string) (int, error) {
 	list, err := b.admin.ClientList(b.ctx).Result()
 	if err != nil {
 		return 0, err
 	}
 	n := 0
 	for _, line := range strings.Split(strings.TrimSpace(list), "\n") {
-		if strings.Contains(line, " name="+podClientName+" ") {
+		switch {
+		case name != "" && strings.Contains(line, " name="+name+" "):
+			n++
+		case name == "" && !strings.Contains(line, " name=bench-admin "):
 			n++
 		}
 	}

@@ -70,6 +70,27 @@
 //     client of its own, nothing submitted: Redis commands per second per
 //     pod (script commands included), Redis CPU as % of a core, and
 //     connections per pod, over a 10 s window after they settle.
+//   - fleet: 100 pods (Runners with clients of their own, lease TTL 5 s):
+//     pick-up p50/p99 (as pickup, pods of concurrency 2); e2e_1stage with
+//     100 pods of concurrency 1 ÷ one Runner of concurrency 100, in the
+//     same repetition; takeover: 100 runs hold their stage on pods of
+//     concurrency 2, 10 pods holding runs are killed at once (connections
+//     cut, nothing released), seconds until the last of their runs starts
+//     again on another pod. tasklease only.
+//   - load: pick-up p50/p99 under open-loop Poisson arrivals at 50 % and
+//     90 % of the system's saturation throughput (measured first in the
+//     same repetition, as e2e_1stage), each run counted from its scheduled
+//     arrival; asynq polling every 10 ms beside it.
+//
+// BullMQ (the second peer; skipped without node and `npm ci --prefix
+// bench/bullmq`):
+//
+//   - bullmq: BullMQ 5.81.5 as a child process (bullmq/peer.mjs) on the
+//     same Redis, beside tasklease in the same repetition: hot-key submits
+//     (deduplication.id), end to end against E2ERuns pre-loaded jobs at
+//     concurrency 50 with its default retention and with removeOnComplete
+//     (the worker's start to the last completion), bytes per finished job,
+//     idle pick-up, and 1/10/100 idle workers' load.
 //
 // Targets are evaluated and printed; the exit status is 0 whether or not
 // they are met, 1 when a count check or a measurement failed, 2 when the
@@ -148,6 +169,9 @@ var measures = []measure{
 	{"limiter_fairness_p99_ms", (*bench).limiterFairness},
 	{"rate_accuracy", (*bench).rateAccuracy},
 	{"idle", (*bench).idle},
+	{"fleet", (*bench).fleet},
+	{"load", (*bench).load},
+	{"bullmq", (*bench).bullmq},
 }
 
 // bench is the state shared by the measurements of one run.

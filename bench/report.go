@@ -43,6 +43,13 @@ func (r *report) add2(key string, tl, as float64) {
 	r.add("asynq_"+key, as)
 }
 
+// add2b adds one repetition's tasklease and BullMQ values of a metric
+// (BullMQ's as "bullmq_" + key).
+func (r *report) add2b(key string, tl, bq float64) {
+	r.add(key+"_bullmq_rep", tl) // tasklease's value of the same repetition, for the ratio
+	r.add("bullmq_"+key, bq)
+}
+
 // median of key's repetitions; ok false when it has none.
 func (r *report) median(key string) (float64, bool) {
 	v := r.vals[key]
@@ -158,6 +165,38 @@ func (r *report) rows() []row {
 			row{label: "idle: Redis CPU, % of a core, " + pods, key: "idle_redis_cpu_pct" + sfx, decimals: 2, goal: goalIf(n == 100, "idle_redis_cpu_pct"+sfx)},
 			row{label: "idle: connections per pod, " + pods, key: "idle_conns_per_pod" + sfx, decimals: 1, goal: goalIf(n == 1, "idle_conns_per_pod"+sfx)})
 	}
+	out = append(out,
+		row{label: fmt.Sprintf("fleet: pick-up p50, ms, %d idle pods", fleetPods), key: "pickup_p50_ms_100_pods", asKey: "-", decimals: 2},
+		row{label: fmt.Sprintf("fleet: pick-up p99, ms, %d idle pods", fleetPods), key: "pickup_p99_ms_100_pods", asKey: "-", decimals: 2, goal: "pickup_p99_ms_100_pods"},
+		row{label: fmt.Sprintf("fleet: e2e_1stage runs/s, 1 pod of concurrency %d", fleetE2EConcurrency), key: "e2e_1stage_1_pod_per_s", asKey: "-"},
+		row{label: fmt.Sprintf("fleet: e2e_1stage runs/s, %d pods of concurrency %d", fleetPods, fleetE2EConcurrency/fleetPods), key: "e2e_1stage_100_pods_per_s", asKey: "-"},
+		row{label: fmt.Sprintf("fleet: %d pods ÷ 1 pod (per repetition)", fleetPods), key: "e2e_1stage_100_pods_ratio", asKey: "-", decimals: 2, goal: "e2e_1stage_100_pods_ratio"},
+		row{label: fmt.Sprintf("fleet: takeover, s, %d of %d pods killed (lease TTL %s)", fleetKilled, fleetPods, fleetLeaseTTL), key: "takeover_s_10_of_100_killed", asKey: "-", decimals: 2, goal: "takeover_s_10_of_100_killed"},
+		row{label: "load: saturation runs/s (e2e_1stage, measured first)", key: "load_saturation_per_s"},
+	)
+	bq := func(label, key string, decimals int, goal string) row {
+		return row{label: "BullMQ " + bullmqVersion + ": " + label, key: key + "_bullmq_rep", asKey: "bullmq_" + key, decimals: decimals, goal: goal}
+	}
+	out = append(out,
+		bq(fmt.Sprintf("submit_hot requests/s vs Queue.add with deduplication.id (%d requests, %d keys)", sz.HotRequests, sz.HotKeys), "submit_hot_per_s", 0, "submit_hot_vs_bullmq"),
+		bq(fmt.Sprintf("e2e_1stage runs/s vs %d pre-loaded jobs, default retention", sz.E2ERuns), "e2e_1stage_per_s", 0, "e2e_1stage_vs_bullmq"),
+		row{label: "BullMQ " + bullmqVersion + ": e2e_1stage runs/s vs pre-loaded jobs with removeOnComplete", key: "e2e_1stage_per_s_bullmq_rep", asKey: "bullmq_remove_e2e_1stage_per_s"},
+		bq("bytes per finished key (BullMQ: default retention)", "bytes_per_finished_key", 0, ""),
+		bq("idle pick-up p50, ms", "pickup_p50_ms", 2, "pickup_p50_vs_bullmq"),
+		bq("idle pick-up p99, ms", "pickup_p99_ms", 2, ""),
+	)
+	for _, n := range idleFleets {
+		sfx := fmt.Sprintf("_%d_pods", n)
+		out = append(out,
+			row{label: fmt.Sprintf("BullMQ %s: idle Redis commands/s per pod (worker), %d", bullmqVersion, n), key: "idle_cmds_per_pod" + sfx, asKey: "bullmq_idle_cmds_per_pod" + sfx, decimals: 1},
+			row{label: fmt.Sprintf("BullMQ %s: idle connections per pod (worker), %d", bullmqVersion, n), key: "idle_conns_per_pod" + sfx, asKey: "bullmq_idle_conns_per_pod" + sfx, decimals: 1})
+	}
+	for _, pct := range loadFractions {
+		sfx := fmt.Sprintf("_at_%dpct", pct)
+		out = append(out,
+			row{label: fmt.Sprintf("load: pick-up p50, ms, open loop at %d %% of saturation", pct), key: "pickup_p50_ms" + sfx, decimals: 2},
+			row{label: fmt.Sprintf("load: pick-up p99, ms, open loop at %d %% of saturation", pct), key: "pickup_p99_ms" + sfx, decimals: 2, goal: "pickup_p99_ms" + sfx})
+	}
 	return out
 }
 
@@ -195,7 +234,19 @@ var targets = []target{
 	{key: "idle_cmds_per_pod_100_pods", op: "<=", limit: 2},
 	{key: "idle_redis_cpu_pct_100_pods", op: "<=", limit: 2},
 	{key: "idle_conns_per_pod_1_pods", op: "<=", limit: 4},
+	{key: "pickup_p99_ms_100_pods", op: "<=", limit: 2},
+	{key: "e2e_1stage_100_pods_ratio", op: ">=", limit: 0.9},
+	{key: "takeover_s_10_of_100_killed", op: "<=", limit: (fleetLeaseTTL + time.Second).Seconds()},
+	{key: "pickup_p99_ms_at_50pct", op: "<=", limit: 5},
+	{key: "pickup_p99_ms_at_90pct", op: "<=", limit: 20},
+	// BullMQ, the second peer
+	{key: "e2e_1stage_vs_bullmq", op: ">=", limit: 1.3},
+	{key: "submit_hot_vs_bullmq", op: ">=", limit: 2},
+	{key: "pickup_p50_vs_bullmq", op: "<=", limit: 0.5},
 }
+
+// bullmqVersion is the BullMQ that bullmq/package-lock.json pins.
+const bullmqVersion = "5.81.5"
 
 // goalIf is key when cond holds, else no goal.
 func goalIf(cond bool, key string) string {
