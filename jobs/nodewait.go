@@ -54,8 +54,8 @@ const nudgeTTL = time.Minute
 func newNodeWaiter(r *Runner) *nodeWaiter {
 	w := &nodeWaiter{r: r, nudgeKey: r.reg.ks.Nudge(r.owner), parked: map[int]bool{}, kick: make(chan struct{}, 1),
 		wake: make([]chan struct{}, r.reg.ks.Partitions())}
-	if c, ok := r.reg.rdb.(*redis.Client); ok {
-		w.rdb = waitClient(c, r.cfg.FetchBlock)
+	if r.reg.clientOpts != nil {
+		w.rdb = waitClient(r.reg.clientOpts, r.cfg.FetchBlock)
 	}
 	for p := range w.wake {
 		w.wake[p] = make(chan struct{}, 1)
@@ -144,14 +144,14 @@ func (w *nodeWaiter) ended(ps []int, ring string, all bool) {
 	}
 }
 
-// waitClient is a client of c's server for the idle wait alone: a
+// waitClient is a client of the server of opts (the registry's client's) for the idle wait alone: a
 // pipeline's replies are read within the client's ReadTimeout, which a
 // wait blocking FetchBlock (10 s by default) would outlast, so the wait
 // gets a connection whose timeout is FetchBlock longer. One connection:
 // what the wait held of the pool before, so a pod's connections do not
 // grow with it.
-func waitClient(c *redis.Client, block time.Duration) *redis.Client {
-	o := *c.Options()
+func waitClient(opts *redis.Options, block time.Duration) *redis.Client {
+	o := *opts
 	switch {
 	case o.ReadTimeout > 0:
 		o.ReadTimeout += block

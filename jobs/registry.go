@@ -75,6 +75,11 @@ type Registry struct {
 	// span partitions; on Cluster (or a Ring) each call stays in one
 	// partition's slot.
 	singleNode bool
+	// clientOpts: a copy of rdb's options when it is a *redis.Client,
+	// taken once here for the idle wait's client (waitClient): go-redis
+	// writes its options while it initialises a connection, so a copy
+	// taken by a runner started beside another runner's traffic races.
+	clientOpts *redis.Options
 	submits    *groupcommit.Combiner[*submitReq]
 	ks         *keyspace.Space
 	histCap    int
@@ -149,8 +154,14 @@ func NewRegistry(rdb redis.UniversalClient, cfg Config) (*Registry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
+	var clientOpts *redis.Options
+	if c, ok := rdb.(*redis.Client); ok {
+		o := *c.Options()
+		clientOpts = &o
+	}
 	r := &Registry{
-		rdb: rdb, gc: gc, singleNode: isSingleNode(rdb), ks: ks, histCap: cfg.HistoryCap, retention: cfg.Retention,
+		clientOpts: clientOpts,
+		rdb:        rdb, gc: gc, singleNode: isSingleNode(rdb), ks: ks, histCap: cfg.HistoryCap, retention: cfg.Retention,
 		jobs: make(map[string]*Job, len(cfg.Jobs)), stagesCSV: make(map[string]string, len(cfg.Jobs)),
 		log: cfg.Logger, metrics: newMetrics(), hub: newHub(rdb, nil),
 		scripts: scripts{
