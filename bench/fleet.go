@@ -220,6 +220,11 @@ func (b *bench) fleetE2E(n, podConcurrency int) (float64, error) {
 	}
 	ctx, cancel := context.WithTimeout(b.ctx, e2eTimeout)
 	defer cancel()
+	snap0, err := takeSnapshot(ctx, b.admin)
+	if err != nil {
+		return 0, err
+	}
+	proc0 := processCPU()
 	t0 := time.Now()
 	err = parallel(ctx, runs, clients, func(i int) error {
 		_, err := reg.Submit(ctx, "f"+strconv.Itoa(i), scope, jobs.SubmitOptions{Source: jobs.SourceManual})
@@ -238,6 +243,15 @@ func (b *bench) fleetE2E(n, podConcurrency int) (float64, error) {
 		return 0, fmt.Errorf("requests left in the queues: %w", err)
 	}
 	rate := float64(runs) / time.Since(t0).Seconds()
+	if b.commands {
+		snap, err := takeSnapshot(ctx, b.admin)
+		if err != nil {
+			return 0, err
+		}
+		b.progress("fleet end to end, %d pods of %d: per run Redis CPU %.1fµs, bench CPU %.1fµs: %s", n, podConcurrency,
+			float64((snap.cpu-snap0.cpu).Microseconds())/float64(runs), float64((processCPU()-proc0).Microseconds())/float64(runs),
+			formatCommands(commandDeltas(snap0.byCmd, snap.byCmd), runs))
+	}
 	b.check(fmt.Sprintf("fleet end to end, %d pods: handler calls", n), handled.Load(), int64(runs))
 	return rate, nil
 }

@@ -104,11 +104,11 @@ func (r *Runner) leaseTTL(scope string) time.Duration {
 func (r *Runner) claimCall(p int, es []entry) *scriptCall {
 	ks := r.reg.ks
 	c := &scriptCall{script: r.reg.scripts.claim,
-		keys: make([]string, 0, 7+3*len(es)), args: make([]any, 0, 4+8*len(es))}
+		keys: make([]string, 0, 7+3*len(es)), args: make([]any, 0, 5+8*len(es))}
 	c.keys = append(c.keys, ks.Watch(p))
 	c.keys = append(c.keys, ks.QueueKeys(p)...)
 	c.keys = append(c.keys, ks.Paused(p), ks.Parked(p))
-	c.args = append(c.args, r.owner, r.reg.histCap, ks.Events(p), r.reg.retention.Milliseconds())
+	c.args = append(c.args, r.owner, r.reg.histCap, ks.Events(p), r.reg.retention.Milliseconds(), r.tokenFloor())
 	for _, e := range es {
 		stages, maxAttempts := "", 0
 		if job := r.reg.jobs[e.key.Scope()]; job != nil {
@@ -168,6 +168,10 @@ func (r *Runner) decodeClaim(v any, e entry, sent time.Time) (claimResult, error
 		if len(one) > 1 {
 			c.missing = replyString(one[1])
 		}
+	case claimBusy:
+		if len(one) > 1 {
+			r.sawHolder(replyString(one[1]))
+		}
 	}
 	return c, nil
 }
@@ -186,6 +190,7 @@ func (r *Runner) decodeGrant(s string, e entry, sent time.Time) (claimResult, er
 	if c.token, err = strconv.ParseInt(f[1], 10, 64); err != nil {
 		return claimResult{}, fmt.Errorf("claim: token %q: %w", f[1], err)
 	}
+	r.sawToken(c.token)
 	if c.done, err = strconv.Atoi(f[2]); err != nil {
 		return claimResult{}, fmt.Errorf("claim: done %q: %w", f[2], err)
 	}

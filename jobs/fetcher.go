@@ -40,7 +40,7 @@ func (r *Runner) readCall(p, n int) *scriptCall {
 	first, _ := r.readOrder(p)
 	// the bulk lane's hash tag names the partition's other keys (read_next.lua)
 	keys := []string{r.reg.ks.Queue(p, keyspace.LaneBulk)}
-	return &scriptCall{script: r.reg.scripts.readNext, keys: keys, args: []any{n, first.Letter(), r.readConf}}
+	return &scriptCall{script: r.reg.scripts.readNext, keys: keys, args: []any{n, first.Letter(), r.readConf, r.tokenFloor()}}
 }
 
 // confArgs builds the arguments that carry what is constant about this
@@ -252,7 +252,7 @@ func (r *Runner) holdIdleSlot() bool {
 	if r.nodeWait == nil && r.cfg.FetchBlock*6 > r.reclaimIdle {
 		return false
 	}
-	free := cap(r.slots) - len(r.slots)
+	free := r.freeSlots()
 	return free-1 >= cap(r.slots)/2 && r.tryAcquire(1) == 1
 }
 

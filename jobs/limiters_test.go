@@ -120,7 +120,7 @@ func TestLimiterDeadHolderSlotFrees(t *testing.T) {
 			e := newEnv(t, b.Client, Config{Prefix: "limdead", Jobs: []Job{{Scope: "sync", Concurrency: 1, LeaseTTL: 600 * time.Millisecond,
 				Stages: []Stage{{Name: "push", Handler: c}}}}})
 			d := e.reg.limiters[ownLimiterName("sync")]
-			res, err := e.reg.scripts.limiterAcquire.Run(ctx, e.rdb, []string{d.key}, d.conf, "dead/abc", 600, 0, "", 0, "ghost", "b", "", "").Slice()
+			res, err := e.reg.scripts.limiterAcquire.Run(ctx, e.rdb, []string{d.key}, d.conf, "dead/abc", 600, 0, "", 0, 0, "ghost", "b", "", "").Slice()
 			if err != nil {
 				t.Fatal(err)
 			}

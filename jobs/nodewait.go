@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"slices"
 	"strconv"
 	"sync"
@@ -44,8 +45,12 @@ type nodeWaiter struct {
 	parked   map[int]bool // partitions whose fetcher waits for a wake-up
 	inFlight []int        // partitions the wait in flight covers (nil: none)
 	nudged   bool         // a nudge token was pushed and not yet popped
-	kick     chan struct{}
-	turn     int // rotates the order of the carried read's lanes
+	// floorSent is the token floor the read of the wait in flight carries
+	// (tokenfloor.go): a floor raised since — by a presence beat: another
+	// runner's token, or what Redis forgot — ends the wait (raisedFloor).
+	floorSent int64
+	kick      chan struct{}
+	turn      int // rotates the order of the carried read's lanes
 }
 
 // nudgeTTL bounds how long a nudge token outlives a runner that died.
@@ -85,6 +90,23 @@ func (w *nodeWaiter) park(ctx context.Context, p int) bool {
 		return true
 	case <-ctx.Done():
 		return false
+	}
+}
+
+// raisedFloor ends the wait in flight when its read carries a token floor
+// below floor, so the read sent next carries floor: a read sent with a wait
+// runs when the wait ends, up to FetchBlock later. Asked by each presence
+// beat: an idle fleet's floor does not move, so it costs an idle runner
+// nothing.
+func (w *nodeWaiter) raisedFloor(ctx context.Context, floor int64) {
+	w.mu.Lock()
+	nudge := w.inFlight != nil && w.floorSent < floor && !w.nudged
+	if nudge {
+		w.nudged = true
+	}
+	w.mu.Unlock()
+	if nudge {
+		w.nudge(ctx)
 	}
 }
 
@@ -144,6 +166,38 @@ func (w *nodeWaiter) ended(ps []int, ring string, all bool) {
 	}
 }
 
+// afterRead returns the bell whose partition's fetcher is woken after a
+// wait that rang and the read sent with it, which claimed next from
+// partition p: none when the read found every covered lane empty (the
+// rung one too, so the ring was served elsewhere); the rung partition's
+// fetcher when this runner has a slot free for it; else none, and the
+// bell rings again for another runner when its lane still holds the entry
+// that rang it (the read took another partition's, and a bell rings only
+// when its lane fills, so the token this wait popped was the one for it).
+// A fetcher woken on a full runner waited for one of its runs to end, and
+// then parked again and nudged the wait: three commands and a wait for
+// nothing, and the entry waited for that run.
+func (w *nodeWaiter) afterRead(ctx context.Context, ring string, next []nextEntry, p int) string {
+	switch {
+	case ring == "" || ring == w.nudgeKey:
+		return ring
+	case len(next) == 0:
+		return ""
+	case w.r.freeSlots() > 0:
+		return ring
+	}
+	if ring != w.r.reg.ks.Bell(p) { // read_idle rang p's bell itself when it left more
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handBackTimeout)
+		defer cancel()
+		if err := w.r.reg.rdb.RPush(ctx, ring, "1").Err(); err != nil {
+			// the entry is read by the next wait's read of any runner,
+			// at the latest when its wait times out (FetchBlock)
+			w.r.log.Debug("idle wait: ring again failed", slog.Any("error", err))
+		}
+	}
+	return ""
+}
+
 // waitClient is a client of the server of opts (the registry's client's) for the idle wait alone: a
 // pipeline's replies are read within the client's ReadTimeout, which a
 // wait blocking FetchBlock (10 s by default) would outlast, so the wait
@@ -163,7 +217,14 @@ func waitClient(opts *redis.Options, block time.Duration) *redis.Client {
 	return redis.NewClient(&o)
 }
 
-// run waits for work on the parked partitions until ctx ends.
+// run waits for work on the parked partitions until ctx ends, and only
+// while the runner has a slot free: a full runner that waited would take
+// rings it cannot serve — Redis wakes the client that has blocked longest,
+// which is the busy runner — and the request would wait for one of its runs
+// to end while idle runners of the fleet slept (100 pods of concurrency 1
+// then reached 0.4× one pod of concurrency 100). A bell keeps its token
+// until popped, so what rings while the runner is full is there when a slot
+// frees (or is taken by another runner's wait first).
 func (w *nodeWaiter) run(ctx context.Context) {
 	if w.rdb != nil {
 		defer w.rdb.Close()
@@ -184,6 +245,9 @@ func (w *nodeWaiter) run(ctx context.Context) {
 	}
 	failures := 0
 	for ctx.Err() == nil {
+		if !w.r.awaitFreeSlot(ctx) {
+			return
+		}
 		ps := w.next()
 		if ps == nil {
 			select {
@@ -202,6 +266,9 @@ func (w *nodeWaiter) run(ctx context.Context) {
 		ring, next, p, err := w.wait(ctx, ps, blockSeconds, carried)
 		if h := w.r.testHooks.waitRead; h != nil && carried && err == nil {
 			h(p, len(next))
+		}
+		if carried && err == nil {
+			ring = w.afterRead(ctx, ring, next, p)
 		}
 		w.ended(ps, ring, err != nil)
 		switch {
@@ -248,6 +315,11 @@ func (w *nodeWaiter) wait(ctx context.Context, ps []int, blockSeconds string, ca
 	}
 	args = append(args, w.nudgeKey, blockSeconds)
 	pipe := w.rdb.Pipeline()
+	if !carried { // nothing a floor could be stale in
+		w.mu.Lock()
+		w.floorSent = math.MaxInt64
+		w.mu.Unlock()
+	}
 	var before, after *redis.TimeCmd
 	if carried {
 		before = pipe.Time(rctx)
@@ -260,7 +332,11 @@ func (w *nodeWaiter) wait(ctx context.Context, ps []int, blockSeconds string, ca
 		for i, p := range ps {
 			lanes[i] = ks.Queue(p, keyspace.LaneBulk)
 		}
-		cmd = w.r.reg.gc.ScriptCmd(rctx, w.r.reg.scripts.readIdle.Hash(), lanes, w.r.readConf)
+		floor := w.r.tokenFloor()
+		w.mu.Lock()
+		w.floorSent = floor
+		w.mu.Unlock()
+		cmd = w.r.reg.gc.ScriptCmd(rctx, w.r.reg.scripts.readIdle.Hash(), lanes, w.r.readConf, floor)
 		_ = pipe.Process(rctx, cmd)
 	}
 	sent := time.Now()

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tasklease/tasklease/internal/redistest"
+	"github.com/tasklease/tasklease/taskkey"
 )
 
 // longWaitClient is a client of srv whose reads outlast a long node wait
@@ -117,5 +118,64 @@ func TestNodeWaitManyRunnersFewPartitions(t *testing.T) {
 		if got := c.get(fmt.Sprintf("s%d/only", i)); got != 1 {
 			t.Errorf("s%d ran %d times, want once", i, got)
 		}
+	}
+}
+
+// A full runner does not wait on the bells: Redis hands a ring to the
+// client that has blocked longest, and a runner with no slot free would
+// take it and keep the request until one of its runs ended while an idle
+// runner slept. Runner A (concurrency 1) holds a run that never ends and
+// is the first to wait after it; runner B starts later and is idle. A
+// request then must run on B at once, not after A's run (never here) or
+// B's wait's 30 s timeout.
+func TestNodeWaitFullRunnerLeavesRingsToIdleOnes(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartServer(t)
+	held := newGate()
+	t.Cleanup(held.open)
+	c := &counter{}
+	cfg := Config{Prefix: "nw3", Partitions: 2, Jobs: []Job{clJob("hold", Stage{Name: "only", Handler: held}), clJob("sync", Stage{Name: "only", Handler: c})}}
+	runner := func(id string) (*testEnv, *Runner) {
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), ReadTimeout: 30 * time.Second, ClientName: id})
+		t.Cleanup(func() { _ = rdb.Close() })
+		e := newEnv(t, rdb, cfg)
+		r, _ := e.startRunner(RunnerConfig{ID: id, Concurrency: 1, FetchBlock: 30 * time.Second, LeaseTTL: time.Minute})
+		return e, r
+	}
+	probe := srv.Client(t)
+	waitsOf := func(name string) int {
+		list, err := probe.ClientList(context.Background()).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, line := range strings.Split(list, "\n") {
+			if strings.Contains(line, " name="+name+" ") && strings.Contains(line, " cmd=blpop ") {
+				n++
+			}
+		}
+		return n
+	}
+	a, ra := runner("nw3-a")
+	clSubmit(t, a.reg, "held", "hold", SourceManual, "")
+	waitFor(t, 5*time.Second, "A runs the held run", func() bool { return held.count() == 1 })
+	b, _ := runner("nw3-b")
+	waitFor(t, 5*time.Second, "B's wait", func() bool { return waitsOf("nw3-b") == 1 })
+	// x goes to a partition A's wait would cover: any while A is full
+	// and waits on nothing, else one of those it waits on.
+	ra.nodeWait.mu.Lock()
+	covered := slices.Clone(ra.nodeWait.inFlight)
+	ra.nodeWait.mu.Unlock()
+	t.Logf("A's waits on the bells while full: %d, over partitions %v", waitsOf("nw3-a"), covered)
+	x := "x0"
+	for i := 0; len(covered) > 0; i++ {
+		if x = fmt.Sprintf("x%d", i); slices.Contains(covered, b.reg.ks.Partition(taskkey.MustNew(x, "sync"))) {
+			break
+		}
+	}
+	clSubmit(t, b.reg, x, "sync", SourceManual, "")
+	b.waitStatus(x, "sync", 5*time.Second, StatusDone)
+	if got := c.get(x + "/only"); got != 1 {
+		t.Fatalf("%s ran %d times, want once", x, got)
 	}
 }

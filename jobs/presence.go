@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -182,10 +183,23 @@ func (r *Runner) beat(ctx context.Context) error {
 	r.presence.mu.Lock()
 	upkeep := sent.Sub(r.presence.upkeepAt) >= presenceUpkeepEvery
 	r.presence.mu.Unlock()
-	ms, err := r.reg.scripts.runnerBeat.Run(ctx, r.reg.gc, []string{r.reg.ks.Runners(), r.reg.ks.RunnerBeats()},
-		r.owner, rec, presenceKeep.Milliseconds(), boolFlag(upkeep)).Int64()
+	res, err := r.reg.scripts.runnerBeat.Run(ctx, r.reg.gc, []string{r.reg.ks.Runners(), r.reg.ks.RunnerBeats(), r.reg.ks.TokenFloor()},
+		r.owner, rec, presenceKeep.Milliseconds(), boolFlag(upkeep), r.tokenFloor()).Slice()
 	if err != nil {
 		return fmt.Errorf("jobs: runner beat: %w", err)
+	}
+	if len(res) != 2 {
+		return fmt.Errorf("jobs: runner beat: unexpected reply %v", res)
+	}
+	ms, err := strconv.ParseInt(replyString(res[0]), 10, 64) // now_ms: a decimal string
+	if err != nil {
+		return fmt.Errorf("jobs: runner beat: time %v: %w", res[0], err)
+	}
+	if floor, err := strconv.ParseInt(replyString(res[1]), 10, 64); err == nil {
+		r.sawToken(floor)
+	}
+	if r.nodeWait != nil {
+		r.nodeWait.raisedFloor(ctx, r.tokenFloor())
 	}
 	// Redis read its clock about halfway through the round trip.
 	mid := sent.Add(time.Since(sent) / 2)
@@ -200,14 +214,15 @@ func (r *Runner) beat(ctx context.Context) error {
 
 // presenceLoop refreshes the record until ctx ends.
 func (r *Runner) presenceLoop(ctx context.Context) {
+	r.beatLogged(ctx)
+	r.every(ctx, r.presence.interval, r.beatLogged)
+}
+
+// beatLogged is beat, its failure logged.
+func (r *Runner) beatLogged(ctx context.Context) {
 	if err := r.beat(ctx); err != nil && ctx.Err() == nil {
 		r.log.Warn("runner registry refresh failed", slog.String("component", "presence"), slog.Any("error", err))
 	}
-	r.every(ctx, r.presence.interval, func(ctx context.Context) {
-		if err := r.beat(ctx); err != nil && ctx.Err() == nil {
-			r.log.Warn("runner registry refresh failed", slog.String("component", "presence"), slog.Any("error", err))
-		}
-	})
 }
 
 // leave marks the record stopped, so the runner is shown gone at once

@@ -177,7 +177,8 @@ type Runner struct {
 	// argument those take for it (lua/lib/base.lua conf_fields), built once.
 	readConf   string
 	finishConf map[string]string
-	claimConf  string // limiter_acquire.lua's ARGV[5]: a claim's history cap and retention
+	claimConf  string       // limiter_acquire.lua's ARGV[5]: a claim's history cap and retention
+	tokensSeen atomic.Int64 // the highest fencing token this runner has seen (tokenfloor.go)
 	log        *slog.Logger
 	slots      chan struct{}
 	execStarts chan struct{} // RunnerConfig.ExecStarts: a token per exec stage being started

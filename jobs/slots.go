@@ -14,6 +14,19 @@ func (r *Runner) acquire(ctx context.Context) bool {
 	}
 }
 
+// awaitFreeSlot blocks until a slot is free, without taking it; false
+// when ctx ended.
+func (r *Runner) awaitFreeSlot(ctx context.Context) bool {
+	if !r.acquire(ctx) {
+		return false
+	}
+	r.release(1)
+	return true
+}
+
+// freeSlots is how many slots are free now.
+func (r *Runner) freeSlots() int { return cap(r.slots) - len(r.slots) }
+
 // tryAcquire takes up to n slots without blocking.
 func (r *Runner) tryAcquire(n int) int {
 	got := 0

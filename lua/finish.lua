@@ -4,7 +4,7 @@
 -- KEYS[1] task record
 -- KEYS[2], KEYS[3] (only when tracing is on) the key's follow-up trace
 --          links (requests merged into its next run, see submit.lua) and
---          the links of the follow-up run ARGV[11]: a follow-up started here
+--          the links of the follow-up run ARGV[12]: a follow-up started here
 --          takes the first as the second
 -- The run's lease and history, and the partition's keys (retry queue,
 -- watch key, queue keys, paused scopes, parked runs, events channel), are
@@ -32,7 +32,10 @@
 --          bulk first): see read_lanes
 -- ARGV[10] the run's request entry: what the holder's claim wrote to the
 --          record, passed instead of read
--- ARGV[11] (only when tracing is on) the follow-up run id, which names
+-- ARGV[11] the highest fencing token this runner has seen ('' none): the
+--          claim of the entry taken gets a token above it (lib/base.lua
+--          floored)
+-- ARGV[12] (only when tracing is on) the follow-up run id, which names
 --          KEYS[3]; without it a follow-up's id is derived from the ended
 --          run's (lib/claiming.lua claim_ending). Both serve only a
 --          follow-up queued by a version without followUpRunId: the id its
@@ -154,7 +157,7 @@ repeat
       'updatedAt', now, 'v', ''}, upd)))
     hist_push_after(hist, cap, before, hist_ev(now, 'handed-back', run_id, '', r.stage, '', owner, token))
   else
-    local next_run_id = ARGV[11] -- nil (untraced): derived if a follow-up starts
+    local next_run_id = ARGV[12] -- nil (untraced): derived if a follow-up starts
     if next_run_id == '' then next_run_id = nil end
     finish_terminal({task = task, q = queue, hist = hist, cap = cap,
       retention = retention, next_run_id = next_run_id, stages = def_stages,
@@ -173,6 +176,7 @@ until true
 
 if n > 0 then
   if not now then now, now_us = clock() end
+  now_us = floored(now_us, ARGV[11])
   read_lanes(out, queue, ARGV[9] == 'b' and 'b' or 'p', n, now + conf_num(idle), now)
   -- The one entry taken is claimed here when it is a run of this job
   -- (entry_parts: nil for an entry that is not tasklease's, which the

@@ -19,7 +19,9 @@
 -- ARGV[1] configuration (lib/limiters.lua lim_open)   ARGV[2] owner
 -- ARGV[3] slot ttl (ms)   ARGV[4] hold (ms, 0 none: limiter_release.lua)
 -- ARGV[5] for claims: history cap US retention (ms); '' when none is asked
--- ARGV[6] R, the slots given back, then 3R values: slot number, token,
+-- ARGV[6] the highest fencing token this runner has seen ('' none): a run
+--         claimed here gets a token above it (lib/base.lua floored)
+-- ARGV[7] R, the slots given back, then 3R values: slot number, token,
 --         member
 -- then per member 4 values: the member (a request entry), its lane ('p'
 -- people, 'b' bulk), its fair-share group, and '' or, to claim it when
@@ -42,8 +44,8 @@
 local l = lim_open(KEYS[1], ARGV[1], ARGV[3])
 local owner = ARGV[2]
 lim_hold(l, tonum(ARGV[4]))
-local rel_end = 6 + 3 * tonum(ARGV[6])
-for j = 7, rel_end, 3 do lim_release(l, ARGV[j], ARGV[j + 1], ARGV[j + 2], owner, false) end
+local rel_end = 7 + 3 * tonum(ARGV[7])
+for j = 8, rel_end, 3 do lim_release(l, ARGV[j], ARGV[j + 1], ARGV[j + 2], owner, false) end
 local res = {}
 local free = 0
 local waiting = l.waiting
@@ -62,7 +64,7 @@ for j = rel_end + 1, #ARGV, 4 do
       local part = part_of(tag)
       local watched, paused = watch_and_paused(part.watch, part.paused)
       c = {owner = owner, cap = cc[1], events = part.events, watch = part.watch, watched = watched, retention = cc[2],
-        q = part.q, parked = part.parked, paused = paused, now = l.ms, now_us = l.us}
+        q = part.q, parked = part.parked, paused = paused, now = l.ms, now_us = floored(l.us, ARGV[6])}
       parts[tag] = c
     end
     local run_id, key, _, source = entry_parts(member)

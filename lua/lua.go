@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -62,9 +63,33 @@ func readLib() (string, error) {
 // helpers it uses included.
 func Source(name string) (string, error) { return SourceWith(name, LibraryOptions{}) }
 
+// sourceKey names one script variant in sources.
+type sourceKey struct {
+	name string
+	opts LibraryOptions
+}
+
+// sources memoises SourceWith: the scripts are embedded and never change,
+// and composing one scans the helpers with regular expressions (about a
+// millisecond a script), which a process making many registries — a test
+// suite, the fleet bench's 100 pods — paid for every one.
+var sources sync.Map // sourceKey → string
+
 // SourceWith is Source of the variant opts selects (LibraryOptions; of
 // them, what a script run by EVAL takes).
 func SourceWith(name string, opts LibraryOptions) (string, error) {
+	k := sourceKey{name, opts}
+	if src, ok := sources.Load(k); ok {
+		return src.(string), nil
+	}
+	src, err := composeSource(name, opts)
+	if err == nil {
+		sources.Store(k, src)
+	}
+	return src, err
+}
+
+func composeSource(name string, opts LibraryOptions) (string, error) {
 	plain, err := readLib()
 	if err != nil {
 		return "", err

@@ -14,6 +14,8 @@
 --            at: each one's hash tag names the partition's other keys
 --            (queue_of), as read_next.lua's KEYS[1] does
 -- ARGV[1] what is constant for this runner (read_next.lua's ARGV[3])
+-- ARGV[2] the highest fencing token this runner has seen (read_next.lua's
+--         ARGV[4])
 -- returns {} when every lane is empty, else {i, more, entry, claim}: i the
 -- index in KEYS of the entry's partition, more 1 when its lanes hold more
 -- (their bell was rung), the entry and its claim reply (see claim.lua).
@@ -48,6 +50,7 @@ for j = 1, 2 * m do
   end
 end
 local now, now_us = clock()
+now_us = floored(now_us, ARGV[2])
 local tag = tag_of(KEYS[i])
 local part = part_of(tag)
 local cf = conf_fields(ARGV[1])

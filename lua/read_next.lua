@@ -19,6 +19,8 @@
 --   scope, stages (comma list), maxAttempts, lease TTL (ms), and 'L' when
 --   the job has limiters (its entries are taken, answered {'limited'} and
 --   not claimed: the runner asks the limiters first, jobs.admitAndStart)
+-- ARGV[4] the highest fencing token this runner has seen ('' none): a
+--   grant's token is above it (lib/base.lua floored)
 -- (A claim that ends a run with a queued follow-up derives the follow-up's
 -- run id: lib/claiming.lua claim_ending.)
 -- returns the entries taken, in order, each followed by its claim reply
@@ -26,6 +28,7 @@
 -- from the entries in the partition's slot, as in finish.lua.
 local n = small_num(ARGV[1])
 local now, now_us = clock()
+now_us = floored(now_us, ARGV[4])
 local tag = tag_of(KEYS[1])
 local part = part_of(tag)
 local q = part.q

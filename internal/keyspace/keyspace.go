@@ -238,6 +238,11 @@ func (s *Space) JanitorTurn() string { return s.prefix + ":janitor" }
 // time in ms), in Runners' slot.
 func (s *Space) RunnerBeats() string { return "{" + s.prefix + ":runners}:beats" }
 
+// TokenFloor is the highest fencing token any runner reported on its
+// presence beat (a string; it expires with the runner registry): runners
+// raise their own floor to it (jobs/tokenfloor.go).
+func (s *Space) TokenFloor() string { return "{" + s.prefix + ":runners}:floor" }
+
 // Links is the list of W3C trace contexts of the requests that started or
 // joined run runID of k (written only when tracing is on; expires with the
 // retention).

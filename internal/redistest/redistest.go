@@ -157,6 +157,7 @@ type Server struct {
 	// its first argument (Sentinel needs one it can rewrite).
 	confFile func(port int) (string, error)
 	log      *LogBuffer
+	env      []string // added to the process's environment (Clock)
 
 	mu     sync.Mutex // serialises lifecycle calls from test goroutines
 	port   int
@@ -341,6 +342,9 @@ func (s *Server) launchLocked(port int) error {
 	cmd.Stdout = s.log
 	cmd.Stderr = s.log
 	cmd.SysProcAttr = sysProcAttr()
+	if s.env != nil {
+		cmd.Env = append(os.Environ(), s.env...)
+	}
 	if err := cmd.Start(); err != nil {
 		return err
 	}

@@ -186,6 +186,30 @@ local function next_token(prev, now_us)
   return now_us
 end
 
+-- dec_ge reports a >= b for decimal strings without leading zeros (a may be
+-- nil or '': false), without converting either.
+local function dec_ge(a, b)
+  if not a or a == '' then return false end
+  if b == nil or b == false or b == '' then return true end
+  return #a > #b or (#a == #b and a >= b)
+end
+
+-- floored is now_us (as clock returns it) raised above floor, the highest
+-- fencing token the calling runner has seen ('' or nil: none). next_token's
+-- time floor alone fails when Redis lost a key's token and its clock
+-- lags — a failover to a replica whose clock is behind by more than the
+-- time since the key's last grant: TIME then gives a token below one
+-- already issued. The runners remember what Redis forgot. Decimal strings
+-- without leading zeros: the common case (the clock ahead) converts
+-- neither.
+local function floored(now_us, floor)
+  if dec_ge(floor, now_us) then
+    local f = tonum(floor)
+    if f then return tok_str(f + 1) end
+  end
+  return now_us
+end
+
 -- lease_grant takes a free lease (SET PX) with the next fencing token,
 -- counted in fence_key, which may expire (fence_ttl_ms). This is the
 -- standalone lease API (package leasing); the engine keeps the counter in
