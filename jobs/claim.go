@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tasklease/tasklease/internal/histories"
 	"github.com/tasklease/tasklease/internal/keyspace"
 	"github.com/tasklease/tasklease/taskkey"
 )
@@ -191,6 +192,10 @@ func (r *Runner) decodeGrant(s string, e entry, sent time.Time) (claimResult, er
 		return claimResult{}, fmt.Errorf("claim: token %q: %w", f[1], err)
 	}
 	r.sawToken(c.token)
+	if h := r.testHooks.history; h != nil {
+		h(histories.Op{Key: e.key.String(), Kind: histories.Grant, Runner: r.owner, RunID: e.runID, Token: c.token, Done: c.done},
+			histories.OK, sent, time.Now())
+	}
 	if c.done, err = strconv.Atoi(f[2]); err != nil {
 		return claimResult{}, fmt.Errorf("claim: done %q: %w", f[2], err)
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tasklease/tasklease/checkpoints"
+	"github.com/tasklease/tasklease/internal/histories"
 	"github.com/tasklease/tasklease/leasing"
 )
 
@@ -255,7 +256,11 @@ func (r *Runner) execute(lr *localRun, c claimResult, readNext bool) (next []nex
 				completed = name // finish marks the last stage done, saving a round trip
 				break
 			}
-			if _, err = r.reg.store.Advance(kctx, lease, runID, name); err == nil {
+			sent := time.Now()
+			_, err = r.reg.store.Advance(kctx, lease, runID, name)
+			r.recordWrite(histories.Op{Key: k.String(), Kind: histories.Advance, Runner: r.owner, RunID: runID, Token: lease.Token, Done: i + 1},
+				err, sent)
+			if err == nil {
 				continue
 			}
 		}

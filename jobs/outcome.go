@@ -57,6 +57,9 @@ func (r *Runner) finish(job *Job, e entry, lease leasing.Lease, result, complete
 	}
 	sent := time.Now() // a claim of the entry taken counts its lease from here
 	res, err := evalOne(ctx, r.reg.gc, fin)
+	if h := r.testHooks.history; h != nil {
+		r.recordFinish(job, k.String(), runID, lease.Token, result, completed, res, err, sent)
+	}
 	if err != nil || len(res) < 2 {
 		log.Warn("finish failed; the run will be recovered when its lease expires", slog.Any("error", err))
 		return nil

@@ -13,6 +13,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/tasklease/tasklease/internal/histories"
 	"github.com/tasklease/tasklease/leasing"
 )
 
@@ -200,6 +201,9 @@ type Runner struct {
 		idleWait func(p int, carried bool)
 		// waitRead: the read sent with a wait on partition p took n entries.
 		waitRead func(p, n int)
+		// history: a grant, advance or finish this runner made, as the
+		// client saw it (histories_test.go checks them with porcupine).
+		history func(op histories.Op, out histories.Outcome, call, ret time.Time)
 		// timerSleeps: the timer read the due index and sleeps d.
 		timerSleeps func(d time.Duration)
 	}

@@ -23,7 +23,7 @@ const (
 	Advance
 	// Finish: the holder of Token ended the attempt of RunID; Ends tells
 	// whether the run ended with it (done, failed, cancelled) or is to be
-	// retried.
+	// retried, and Done, when not 0, the stage it also completed.
 	Finish
 )
 
@@ -111,10 +111,14 @@ func step(s keyState, op Op, out Outcome) []keyState {
 		}
 		return append(next, keyState{max: s.max, run: s.run, done: op.Done})
 	case Finish:
-		if !holds(s, op) {
+		done := s.done
+		if op.Done > 0 { // the finish also completed stage op.Done
+			done = op.Done
+		}
+		if !holds(s, op) || done != s.done && done != s.done+1 {
 			return next
 		}
-		return append(next, keyState{max: s.max, run: s.run, done: s.done, ended: op.Ends})
+		return append(next, keyState{max: s.max, run: s.run, done: done, ended: op.Ends})
 	}
 	return next
 }
