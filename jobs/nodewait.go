@@ -187,15 +187,31 @@ func (w *nodeWaiter) afterRead(ctx context.Context, ring string, next []nextEntr
 		return ring
 	}
 	if ring != w.r.reg.ks.Bell(p) { // read_idle rang p's bell itself when it left more
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handBackTimeout)
-		defer cancel()
-		if err := w.r.reg.rdb.RPush(ctx, ring, "1").Err(); err != nil {
-			// the entry is read by the next wait's read of any runner,
-			// at the latest when its wait times out (FetchBlock)
-			w.r.log.Debug("idle wait: ring again failed", slog.Any("error", err))
-		}
+		w.ringAgain(ctx, ring)
 	}
 	return ""
+}
+
+// afterPlainWait is afterRead for a wait sent without a read: the runner
+// may have filled its slots while the wait was in flight (a fetcher's read
+// took the last one), and then it passes the ring on.
+func (w *nodeWaiter) afterPlainWait(ctx context.Context, ring string) string {
+	if ring == "" || ring == w.nudgeKey || w.r.freeSlots() > 0 {
+		return ring
+	}
+	w.ringAgain(ctx, ring)
+	return ""
+}
+
+// ringAgain pushes a token to bell, for another runner's wait.
+func (w *nodeWaiter) ringAgain(ctx context.Context, bell string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handBackTimeout)
+	defer cancel()
+	if err := w.r.reg.rdb.RPush(ctx, bell, "1").Err(); err != nil {
+		// the entry is read by the next wait's read of any runner, at the
+		// latest when its wait times out (FetchBlock)
+		w.r.log.Debug("idle wait: ring again failed", slog.Any("error", err))
+	}
 }
 
 // waitClient is a client of the server of opts (the registry's client's) for the idle wait alone: a
@@ -267,8 +283,12 @@ func (w *nodeWaiter) run(ctx context.Context) {
 		if h := w.r.testHooks.waitRead; h != nil && carried && err == nil {
 			h(p, len(next))
 		}
-		if carried && err == nil {
+		switch {
+		case err != nil:
+		case carried:
 			ring = w.afterRead(ctx, ring, next, p)
+		default:
+			ring = w.afterPlainWait(ctx, ring)
 		}
 		w.ended(ps, ring, err != nil)
 		switch {
