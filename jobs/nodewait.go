@@ -192,17 +192,6 @@ func (w *nodeWaiter) afterRead(ctx context.Context, ring string, next []nextEntr
 	return ""
 }
 
-// afterPlainWait is afterRead for a wait sent without a read: the runner
-// may have filled its slots while the wait was in flight (a fetcher's read
-// took the last one), and then it passes the ring on.
-func (w *nodeWaiter) afterPlainWait(ctx context.Context, ring string) string {
-	if ring == "" || ring == w.nudgeKey || w.r.freeSlots() > 0 {
-		return ring
-	}
-	w.ringAgain(ctx, ring)
-	return ""
-}
-
 // ringAgain pushes a token to bell, for another runner's wait.
 func (w *nodeWaiter) ringAgain(ctx context.Context, bell string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handBackTimeout)
@@ -283,12 +272,8 @@ func (w *nodeWaiter) run(ctx context.Context) {
 		if h := w.r.testHooks.waitRead; h != nil && carried && err == nil {
 			h(p, len(next))
 		}
-		switch {
-		case err != nil:
-		case carried:
+		if carried && err == nil {
 			ring = w.afterRead(ctx, ring, next, p)
-		default:
-			ring = w.afterPlainWait(ctx, ring)
 		}
 		w.ended(ps, ring, err != nil)
 		switch {

@@ -159,6 +159,14 @@ func TestNodeWaitFullRunnerLeavesRingsToIdleOnes(t *testing.T) {
 	a, ra := runner("nw3-a")
 	clSubmit(t, a.reg, "held", "hold", SourceManual, "")
 	waitFor(t, 5*time.Second, "A runs the held run", func() bool { return held.count() == 1 })
+	// A wait A sent before a fetcher's read took its last slot is still
+	// in flight, and takes one ring (a gap left open: passing such rings
+	// on made a nearly full runner cycle between its wait and a ring); a
+	// nudge ends it, and A, full, does not wait again.
+	if err := a.rdb.RPush(context.Background(), a.reg.ks.Nudge(ra.owner), "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "A, full, not waiting", func() bool { return waitsOf("nw3-a") == 0 })
 	b, _ := runner("nw3-b")
 	waitFor(t, 5*time.Second, "B's wait", func() bool { return waitsOf("nw3-b") == 1 })
 	// x goes to a partition A's wait would cover: any while A is full
