@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/tasklease/tasklease/internal/redistest"
 )
 
@@ -28,6 +30,23 @@ func (tr *tokenRecorder) last() int64 {
 	return tr.tokens[len(tr.tokens)-1]
 }
 
+// lagAndLose is a failover to a primary that never got the data and whose
+// clock is an hour behind: Redis's clock moved back, then FLUSHALL.
+func lagAndLose(t *testing.T, clk *redistest.Clock, rdb redis.UniversalClient) {
+	t.Helper()
+	ctx := context.Background()
+	if err := clk.Set(-time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "Redis's clock an hour behind", func() bool {
+		now, err := rdb.Time(ctx).Result()
+		return err == nil && time.Until(now) < -59*time.Minute
+	})
+	if err := rdb.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // The documented gap of TIME-based tokens, closed: Redis loses a key's
 // token (a failover to a replica that had not received it: here a
 // FLUSHALL) and its clock is an hour behind the clock that issued it.
@@ -42,22 +61,12 @@ func TestTokenAboveTheLastAfterDataLossAndALaggingClock(t *testing.T) {
 	tr := &tokenRecorder{}
 	e := newEnv(t, srv.Client(t), Config{Prefix: "lag", Partitions: 1, Jobs: []Job{clJob("sync", Stage{Name: "only", Handler: tr})}})
 	e.startRunner(RunnerConfig{ID: "lag", Concurrency: 1, LeaseTTL: 10 * time.Second})
-	ctx := context.Background()
 
 	clSubmit(t, e.reg, "k", "sync", SourceManual, "")
 	e.waitStatus("k", "sync", 5*time.Second, StatusDone)
 	before := tr.last()
 
-	if err := clk.Set(-time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 5*time.Second, "Redis's clock an hour behind", func() bool {
-		now, err := e.rdb.Time(ctx).Result()
-		return err == nil && time.Until(now) < -59*time.Minute
-	})
-	if err := e.rdb.FlushAll(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
+	lagAndLose(t, clk, e.rdb)
 	// Two requests of one partition: the second may be claimed by the
 	// first's finish; every grant after the loss is checked.
 	clSubmit(t, e.reg, "k", "sync", SourceManual, "")
@@ -87,7 +96,6 @@ func TestTokenFloorCrossesRunners(t *testing.T) {
 	cfg := Config{Prefix: "lag2", Partitions: 1, Jobs: []Job{clJob("sync", Stage{Name: "only", Handler: tr})}}
 	a := newEnv(t, srv.Client(t), cfg)
 	b := newEnv(t, srv.Client(t), cfg)
-	ctx := context.Background()
 	_, stopA := a.startRunner(RunnerConfig{ID: "lag-a", Concurrency: 1, LeaseTTL: 10 * time.Second, PresenceInterval: 50 * time.Millisecond})
 	clSubmit(t, a.reg, "k", "sync", SourceManual, "")
 	a.waitStatus("k", "sync", 5*time.Second, StatusDone)
@@ -96,16 +104,7 @@ func TestTokenFloorCrossesRunners(t *testing.T) {
 	rb, _ := b.startRunner(RunnerConfig{ID: "lag-b", Concurrency: 1, LeaseTTL: 10 * time.Second, PresenceInterval: 50 * time.Millisecond})
 	waitFor(t, 5*time.Second, "B's floor to reach A's token", func() bool { return rb.tokenFloor() >= issued })
 
-	if err := clk.Set(-time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 5*time.Second, "Redis's clock an hour behind", func() bool {
-		now, err := b.rdb.Time(ctx).Result()
-		return err == nil && time.Until(now) < -59*time.Minute
-	})
-	if err := b.rdb.FlushAll(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
+	lagAndLose(t, clk, b.rdb)
 	clSubmit(t, b.reg, "k", "sync", SourceManual, "")
 	b.waitStatus("k", "sync", 10*time.Second, StatusDone)
 	if got := tr.last(); got <= issued {
