@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 
 	"github.com/tasklease/tasklease/internal/groupcommit"
 	"github.com/tasklease/tasklease/internal/keyspace"
@@ -219,6 +220,11 @@ func waitClient(opts *redis.Options, block time.Duration) *redis.Client {
 	} // -1: no timeout at all
 	o.PoolSize, o.MinIdleConns, o.MaxIdleConns = 1, 0, 1
 	o.ConnMaxIdleTime = -1 // its connection is busy blocking, not idle
+	// A config of its own: go-redis writes the shared one's Mode (under a
+	// lock of the client's) when a server refuses maintenance
+	// notifications, and NewClient reads it to clone it: a data race
+	// (seen under -race in CI). A blocking wait needs no notifications.
+	o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 	return redis.NewClient(&o)
 }
 

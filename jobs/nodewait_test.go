@@ -8,7 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 
 	"github.com/tasklease/tasklease/internal/redistest"
 	"github.com/tasklease/tasklease/taskkey"
@@ -185,5 +187,28 @@ func TestNodeWaitFullRunnerLeavesRingsToIdleOnes(t *testing.T) {
 	b.waitStatus(x, "sync", 5*time.Second, StatusDone)
 	if got := c.get(x + "/only"); got != 1 {
 		t.Fatalf("%s ran %d times, want once", x, got)
+	}
+}
+
+// TestWaitClientRacesNoConnectingClient: the wait's client is made from
+// the options of a client that may be connecting at that moment (another
+// runner of the registry starting). go-redis then writes the options'
+// maintenance-notifications config (its Mode, under a lock of its own)
+// when the server refuses them, so waitClient must not read that config.
+// The goroutine below writes it as go-redis does; under -race (as CI runs
+// it) the test fails if waitClient reads it, as it did before the fix.
+func TestWaitClientRacesNoConnectingClient(t *testing.T) {
+	mr := miniredis.RunT(t)
+	opts := &redis.Options{Addr: mr.Addr(), MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeAuto}}
+	done := make(chan struct{})
+	go func() {
+		opts.MaintNotificationsConfig.Mode = maintnotifications.ModeDisabled
+		close(done)
+	}()
+	w := waitClient(opts, time.Second)
+	defer w.Close()
+	<-done
+	if err := w.Ping(context.Background()).Err(); err != nil {
+		t.Fatal(err)
 	}
 }
