@@ -1,14 +1,19 @@
 package config
 
 import (
+	"cmp"
+	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"log/slog"
 	"maps"
+	"net"
 	"net/http"
 	"os"
 	"runtime"
 	"slices"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -65,6 +70,9 @@ func (c *Config) RedisOptions() *redis.UniversalOptions {
 		}
 		o.PoolSize = max(10*runtime.GOMAXPROCS(0), conc+parts+poolSizeSlack)
 	}
+	if len(r.AddressMap) > 0 {
+		o.Dialer = mappedDialer(maps.Clone(r.AddressMap), o.DialTimeout, o.TLSConfig)
+	}
 	if o.ConnMaxIdleTime == 0 { // not set by a conn_max_idle_time URL option
 		// Taken oldest first, the pool's connections are each used in
 		// turn, and one idle for poolIdleTimeout is closed when it comes
@@ -75,6 +83,33 @@ func (c *Config) RedisOptions() *redis.UniversalOptions {
 	}
 	return o
 }
+
+// mappedDialer dials to[addr] in place of addr where the map names it.
+// go-redis uses it for every connection of the client: data nodes,
+// Sentinels, and the Cluster nodes it learns of. Like go-redis's own
+// dialer it applies the timeout and, for rediss://, TLS (with the
+// original host as the server name), which a custom Dialer must do itself.
+func mappedDialer(to map[string]string, timeout time.Duration, tlsConf *tls.Config) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	nd := &net.Dialer{Timeout: cmp.Or(timeout, dialTimeoutDefault), KeepAlive: 5 * time.Minute}
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		target := addr
+		if a, ok := to[addr]; ok {
+			target = a
+		}
+		if tlsConf == nil {
+			return nd.DialContext(ctx, network, target)
+		}
+		conf := tlsConf.Clone()
+		if conf.ServerName == "" {
+			conf.ServerName, _, _ = net.SplitHostPort(addr)
+		}
+		return (&tls.Dialer{NetDialer: nd, Config: conf}).DialContext(ctx, network, target)
+	}
+}
+
+// dialTimeoutDefault is go-redis's DialTimeout, which a Dialer of ours
+// must apply itself.
+const dialTimeoutDefault = 5 * time.Second
 
 // universalFromOptions carries over what redis.ParseURL can set (address,
 // credentials, db, TLS and the query options).

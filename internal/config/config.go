@@ -102,6 +102,13 @@ type Redis struct {
 	// Blocking waits on a partition's bell add their block time.
 	DialTimeout Duration `yaml:"dialTimeout"`
 	ReadTimeout Duration `yaml:"readTimeout"`
+	// AddressMap dials the value wherever Redis names the key: a node's
+	// address as url, addrs, a Sentinel (the primary it reports) or a
+	// Cluster (CLUSTER SLOTS, redirections) give it, when that address is
+	// not reachable as it stands (NAT, a port-forward, a proxy in front
+	// of each node). Both sides are host:port; addresses not in the map
+	// are dialled as given.
+	AddressMap map[string]string `yaml:"addressMap"`
 }
 
 // Runner configures the runner loop.

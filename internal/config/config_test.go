@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"go.yaml.in/yaml/v3"
 
@@ -837,6 +838,29 @@ func TestRedisOptions(t *testing.T) {
 	if o := c.RedisOptions(); o.PoolSize != 7 {
 		t.Errorf("pool_size from url = %d", o.PoolSize)
 	}
+}
+
+// TestRedisAddressMap: a client built from a config with addressMap
+// reaches the node through the mapped address, and only there.
+func TestRedisAddressMap(t *testing.T) {
+	mr := miniredis.RunT(t)
+	const announced = "10.255.0.1:6379" // not reachable from here
+	c := mustParse(t, fmt.Sprintf("redis: {url: 'redis://%s', dialTimeout: 300ms, addressMap: {'%s': '%s'}}", announced, announced, mr.Addr()))
+	rdb := redis.NewUniversalClient(c.RedisOptions())
+	defer rdb.Close()
+	if err := rdb.Ping(context.Background()).Err(); err != nil {
+		t.Fatalf("PING through the address map: %v", err)
+	}
+	delete(c.Redis.AddressMap, announced)
+	direct := redis.NewUniversalClient(c.RedisOptions())
+	defer direct.Close()
+	if err := direct.Ping(context.Background()).Err(); err == nil {
+		t.Fatal("PING without the map reached the unreachable address")
+	}
+
+	ps := problemsOf(t, "redis: {url: 'redis://h:1', addressMap: {'h:1': 'nope', ':2': 'x:3'}}")
+	wantProblem(t, ps, "redis.addressMap.h:1", "not host:port")
+	wantProblem(t, ps, "redis.addressMap.:2", "host")
 }
 
 func TestBuildJobs(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/url"
 	"regexp"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -166,6 +167,15 @@ func (c *Config) validateRedis(ps *problemSet) {
 	}
 	if r.ReadTimeout < 0 {
 		ps.addf("redis.readTimeout", "%s is negative", r.ReadTimeout.D())
+	}
+	for _, from := range slices.Sorted(maps.Keys(r.AddressMap)) {
+		p := "redis.addressMap." + from
+		if err := checkHostPort(from, false); err != nil {
+			ps.addf(p, "%v", err)
+		}
+		if err := checkHostPort(r.AddressMap[from], false); err != nil {
+			ps.addf(p, "%v", err)
+		}
 	}
 	if r.PoolSize < 0 {
 		ps.addf("redis.poolSize", "%d is negative", r.PoolSize)
