@@ -3,11 +3,10 @@ package config
 import (
 	"errors"
 	"fmt"
-	"github.com/tasklease/tasklease/triggers"
+	"maps"
 	"net"
 	"net/url"
 	"regexp"
-	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,6 +21,7 @@ import (
 	"github.com/tasklease/tasklease/internal/keyspace"
 	"github.com/tasklease/tasklease/jobs"
 	"github.com/tasklease/tasklease/taskkey"
+	"github.com/tasklease/tasklease/triggers"
 )
 
 // runnerIDMax mirrors jobs.RunnerConfig's limit on runner ids.
