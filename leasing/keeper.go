@@ -135,6 +135,9 @@ func (k *Keeper) lose(cause error) {
 	k.mu.Lock()
 	k.err = err
 	k.mu.Unlock()
+	if ignoreLoss {
+		return
+	}
 	k.cancel(err) // stop the work first: whoever sees Lost() also sees Context() done
 	close(k.lost)
 }
