@@ -14,6 +14,7 @@
 //
 //	go run ./cmd/chaos [--duration 45s] [--runners 3] [--keys 200] [--topology single|sentinel|cluster]
 //	                   [--limit 5] [--seed N] [--json] [--runner-bin PATH] [--keep-logs DIR]
+//	                   [--net-faults all|none|KIND,...] [--runner-tags TAGS]
 //
 // It builds the runner into a temporary directory unless --runner-bin
 // names one, and needs redis-server on PATH. Progress goes to stderr; the
@@ -36,6 +37,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -74,6 +76,8 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	seed := fs.Int64("seed", 0, "seed of the random choices (0: from the clock); the report says which to replay")
 	asJSON := fs.Bool("json", false, "print the report as one JSON object")
 	runnerBin := fs.String("runner-bin", "", "a built runner binary to test (default: go build "+runnerPkg+")")
+	netFaults := fs.String("net-faults", "all", fmt.Sprintf("network faults between the runners and Redis, comma-separated: all, none, or of %s", strings.Join(chaos.NetFaultKinds(), ",")))
+	tags := fs.String("runner-tags", "", "build tags for the runner it builds (tasklease_failpoint_ignore_loss: a build that keeps working after it lost its lease, which the checks must catch)")
 	keepLogs := fs.String("keep-logs", "", "copy the runners' logs here (default: only for a run with violations, into $TMPDIR)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -92,6 +96,11 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	}
 	if *limit < 1 || *limit > chaos.LimitMax {
 		fmt.Fprintf(stderr, "chaos: --limit must be 1 to %d\n", chaos.LimitMax)
+		return exitFailed
+	}
+	nets, err := parseNetFaults(*netFaults)
+	if err != nil {
+		fmt.Fprintln(stderr, "chaos:", err)
 		return exitFailed
 	}
 	if _, err := exec.LookPath("redis-server"); err != nil {
@@ -126,7 +135,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 
 	bin := *runnerBin
 	if bin == "" {
-		bin = buildRunner(t, t.TempDir())
+		bin = buildRunner(t, t.TempDir(), *tags)
 	}
 	if *seed == 0 {
 		*seed = time.Now().UnixNano()
@@ -134,15 +143,18 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	t.Logf("seed %d, chaos for %v with %d runners and %d bulk keys on %s Redis", *seed, *dur, *runners, *keys, *topo)
 	rep, err := chaos.Run(t, chaos.Options{
 		Duration: *dur, Runners: *runners, Keys: *keys, Seed: *seed, ExecBurst: *burst,
-		RunnerBin: bin, Topology: *topo, KeepLogs: *keepLogs, Limit: *limit,
+		RunnerBin: bin, Topology: *topo, KeepLogs: *keepLogs, Limit: *limit, NetFaults: nets,
 	})
 	t.runCleanups()
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return exitFailed
 	}
-	replay := fmt.Sprintf("go run ./cmd/chaos --seed %d --duration %v --runners %d --keys %d --exec-burst %d --limit %d --topology %s",
-		rep.Seed, *dur, rep.Runners, rep.Keys, *burst, rep.Limit, rep.Topology)
+	replay := fmt.Sprintf("go run ./cmd/chaos --seed %d --duration %v --runners %d --keys %d --exec-burst %d --limit %d --topology %s --net-faults %s",
+		rep.Seed, *dur, rep.Runners, rep.Keys, *burst, rep.Limit, rep.Topology, *netFaults)
+	if *tags != "" {
+		replay += " --runner-tags " + *tags
+	}
 	last := fmt.Sprintf("chaos: topology=%s runs=%d faults=%d violations=%d", rep.Topology, rep.Runs, rep.Faults, rep.Violations)
 	if *asJSON {
 		if err := json.NewEncoder(stdout).Encode(rep); err != nil {
@@ -183,12 +195,31 @@ func cleanUpOnSignal(t *runT) (stop func()) {
 	return func() { signal.Stop(sigc); close(done) }
 }
 
-// buildRunner builds cmd/runner into dir (the working directory must be in
+// parseNetFaults reads --net-faults: nil for all, empty for none.
+func parseNetFaults(v string) ([]string, error) {
+	switch v {
+	case "all":
+		return nil, nil
+	case "none":
+		return []string{}, nil
+	}
+	var out []string
+	for k := range strings.SplitSeq(v, ",") {
+		k = strings.TrimSpace(k)
+		if !slices.Contains(chaos.NetFaultKinds(), k) {
+			return nil, fmt.Errorf("--net-faults: %q is not all, none or one of %s", k, strings.Join(chaos.NetFaultKinds(), ","))
+		}
+		out = append(out, k)
+	}
+	return out, nil
+}
+
+// buildRunner builds cmd/runner into dir with tags (the working directory must be in
 // the tasklease module).
-func buildRunner(t *runT, dir string) string {
+func buildRunner(t *runT, dir, tags string) string {
 	bin := filepath.Join(dir, "runner")
 	start := time.Now()
-	out, err := exec.Command("go", "build", "-o", bin, runnerPkg).CombinedOutput()
+	out, err := exec.Command("go", "build", "-tags", tags, "-o", bin, runnerPkg).CombinedOutput()
 	if err != nil {
 		t.Fatalf("go build %s: %v\n%s(run from the tasklease repository, or pass --runner-bin PATH)", runnerPkg, err, out)
 	}

@@ -41,6 +41,7 @@ func runnerConfig(recorderURL string, cron bool, every string, limit int) string
   url: "${TASKLEASE_REDIS_URL:-}"
   addrs: [${TASKLEASE_REDIS_ADDRS:-}]
   masterName: "${TASKLEASE_REDIS_MASTER:-}"
+  addressMap: {${TASKLEASE_REDIS_ADDRESS_MAP:-}}
 partitions: 2
 runner:
   id: "${TASKLEASE_RUNNER_ID}"

@@ -94,12 +94,15 @@ type harness struct {
 	pauseSpans              []pauseSpan // the sync scope's pauses (check 8), under mu
 	logsKept                string      // where the logs were copied, once they were
 	acc                     acceptLog   // the load's accepted submits and cancels (check 6)
+	net                     *network    // nil: no network faults
+	netFaults               []string    // the kinds to make (Options.NetFaults)
 
 	mu      sync.Mutex
 	runners map[string]*runnerProc
 	all     []*runnerProc
 	incs    int
 	stopLog []stopSpan
+	netMade map[string]int // network faults made, by kind
 	outc    map[string]int
 	killed  map[int64]int // occurrences whose fan-out a leader kill interrupted → epoch
 
@@ -149,13 +152,17 @@ func newHarness(t redistest.T, opts Options, topo topology) (*harness, error) {
 	h := &harness{t: t, logfn: opts.Logf, seed: opts.Seed, rng: rand.New(rand.NewPCG(uint64(opts.Seed), 1)),
 		limit: opts.Limit, dir: dir, bin: opts.RunnerBin, execLog: dir + "/exec.log", nonce: fmt.Sprintf("chaos%x", rand.Uint64()),
 		topo: topo, rdb: topo.client(), ks: ks, http: &http.Client{Timeout: 3 * time.Second},
-		runners: map[string]*runnerProc{}, outc: map[string]int{}, killed: map[int64]int{}, states: []map[int64]occState{{}},
+		runners: map[string]*runnerProc{}, netMade: map[string]int{}, outc: map[string]int{}, killed: map[int64]int{}, states: []map[int64]occState{{}},
 		stateKey: "{" + keyPrefix + ":cron:" + scheduleName + "}:fanout", leaderKey: keyPrefix + ":cron:leader",
 		recentKey: "{" + keyPrefix + ":cron:" + scheduleName + "}:fanouts"}
 	for i := range opts.Runners {
 		h.ids = append(h.ids, fmt.Sprintf("chaos-%c", 'a'+i))
 	}
 	h.rec = newRecorder(t, opts.Seed, ks)
+	if len(opts.NetFaults) > 0 {
+		h.net, h.netFaults = newNetwork(topo.dataNodes()), opts.NetFaults
+		t.Cleanup(h.net.close)
+	}
 	for i := range opts.Keys {
 		h.bulk = append(h.bulk, fmt.Sprintf("u%03d", i))
 		h.keys = append(h.keys, taskkey.MustNew(h.bulk[i], bulkScope))
@@ -226,7 +233,14 @@ func (h *harness) run(opts Options) (Report, error) {
 	loadWG.Go(func() { h.pauser(loadCtx) })
 
 	h.t0 = time.Now()
+	netCtx, stopNet := context.WithCancel(context.Background())
+	var netWG sync.WaitGroup
+	if h.net != nil {
+		netWG.Go(func() { h.netFaultLoop(netCtx) })
+	}
 	h.faults(dur, long)
+	stopNet()
+	netWG.Wait()
 
 	stopLoad()
 	loadWG.Wait()
@@ -357,6 +371,11 @@ func (h *harness) run(opts Options) (Report, error) {
 	}
 	rep.Takeovers = len(takeovers)
 	rep.RedisFaults = []RedisFault{}
+	h.mu.Lock()
+	for k, n := range h.netMade {
+		rep.FaultsByKind[k] += n
+	}
+	h.mu.Unlock()
 	for _, o := range h.outages {
 		rep.FaultsByKind[o.kind]++
 		rep.RedisFaults = append(rep.RedisFaults, RedisFault{Kind: o.kind, AtSeconds: o.down.Sub(h.t0).Round(100 * time.Millisecond).Seconds(),

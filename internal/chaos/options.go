@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"time"
 )
 
@@ -100,6 +101,11 @@ type Options struct {
 	// as they are checked. Default: t.Logf.
 	Logf func(format string, args ...any)
 
+	// NetFaults are the network faults of the run (NetFaultKinds), one at
+	// a time, on one runner at a time, every 1.5–4 s. Nil: all of them;
+	// empty (not nil): none, and the runners connect to Redis directly.
+	NetFaults []string
+
 	// KeepLogs, when set, is a directory the runners' logs and the exec
 	// stage's log are copied to at the end of the run. Without it they are
 	// kept only when the run found a violation or failed, in
@@ -115,6 +121,9 @@ func (o Options) withDefaults() Options {
 	o.ExecBurst = cmp.Or(o.ExecBurst, ExecBurstDefault)
 	o.Topology = cmp.Or(o.Topology, TopologyDefault)
 	o.Limit = cmp.Or(o.Limit, LimitDefault)
+	if o.NetFaults == nil {
+		o.NetFaults = NetFaultKinds()
+	}
 	if o.Seed == 0 {
 		o.Seed = time.Now().UnixNano()
 	}
@@ -135,6 +144,11 @@ func (o Options) validate() error {
 	}
 	if o.Limit < 1 || o.Limit > LimitMax {
 		errs = append(errs, fmt.Errorf("limit %d: want 1 to %d", o.Limit, LimitMax))
+	}
+	for _, k := range o.NetFaults {
+		if !slices.Contains(NetFaultKinds(), k) {
+			errs = append(errs, fmt.Errorf("network fault %q: want one of %v", k, NetFaultKinds()))
+		}
 	}
 	if o.RunnerBin == "" {
 		errs = append(errs, errors.New("RunnerBin: the path of a built runner binary is required"))

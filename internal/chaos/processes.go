@@ -117,6 +117,13 @@ func (h *harness) start(id, cfg string) *runnerProc {
 		p.cmd = exec.Command(h.bin, "serve", "--config", cfg, "--listen", addr)
 		p.cmd.Env = append(append(os.Environ(), h.topo.runnerEnv()...), "TASKLEASE_RUNNER_ID="+id, "TASKLEASE_TOKEN=",
 			"CHAOS_RUNNER="+p.marker, "CHAOS_EXEC_LOG="+h.execLog)
+		if h.net != nil {
+			env, err := h.net.env(id)
+			if err != nil {
+				t.Fatalf("chaos: %v", err)
+			}
+			p.cmd.Env = append(p.cmd.Env, env)
+		}
 		p.cmd.Stdout, p.cmd.Stderr = logf, logf
 		// The kernel SIGKILLs the runner if the harness dies without
 		// cleaning up, so no runner outlives it.

@@ -28,7 +28,8 @@ const (
 // FaultKinds returns the fault kinds in the order reports show them.
 func FaultKinds() []string {
 	return []string{FaultSigkill, FaultSigkillLeader, FaultSigkillLeaderMidFanOut,
-		FaultSigstopPastTTL, FaultGracefulStop, FaultClientPause, FaultRedisRestartKeepData, FaultRedisRestartEmpty, FaultFailover}
+		FaultSigstopPastTTL, FaultGracefulStop, FaultClientPause, FaultRedisRestartKeepData, FaultRedisRestartEmpty, FaultFailover,
+		FaultNetLatency, FaultNetRepliesLost, FaultNetCommandsLost, FaultNetPartition, FaultNetResetPeer, FaultNetBandwidth}
 }
 
 // Report is what a run did and found.

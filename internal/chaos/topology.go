@@ -26,6 +26,10 @@ type topology interface {
 	// runnerEnv is the environment that points a runner process at this
 	// Redis; the runners' config reads it (see runnerConfig).
 	runnerEnv() []string
+	// dataNodes are the addresses of every node that holds data (not the
+	// Sentinels), as Redis announces them: the network faults put a proxy
+	// in front of each. They stay the same across the topology's faults.
+	dataNodes() []string
 	// dataFaults are the Redis faults of a run, in order: each ends an
 	// epoch (data may be lost).
 	dataFaults() []string
@@ -76,6 +80,8 @@ func (s *single) client() redis.UniversalClient { return s.rdb }
 func (s *single) runnerEnv() []string {
 	return []string{"TASKLEASE_REDIS_URL=redis://" + s.rs.Addr() + "/0"}
 }
+
+func (s *single) dataNodes() []string { return []string{s.rs.Addr()} }
 
 func (s *single) dataFaults() []string {
 	return []string{FaultRedisRestartKeepData, FaultRedisRestartEmpty}
@@ -136,6 +142,14 @@ func (s *sentinel) runnerEnv() []string {
 		"TASKLEASE_REDIS_MASTER=" + redistest.SentinelMaster}
 }
 
+func (s *sentinel) dataNodes() []string {
+	out := []string{s.st.Primary.Addr()}
+	for _, r := range s.st.Replicas {
+		out = append(out, r.Addr())
+	}
+	return out
+}
+
 func (s *sentinel) dataFaults() []string { return []string{FaultFailover, FaultFailover} }
 
 func (s *sentinel) dataFault(t redistest.T, _ string, _ *rand.Rand, _ time.Duration) time.Duration {
@@ -179,6 +193,8 @@ func (s *cluster) client() redis.UniversalClient { return s.rdb }
 func (s *cluster) runnerEnv() []string {
 	return []string{"TASKLEASE_REDIS_ADDRS=" + strings.Join(s.c.Addrs(), ",")}
 }
+
+func (s *cluster) dataNodes() []string { return s.c.Addrs() }
 
 func (s *cluster) dataFaults() []string { return []string{FaultFailover, FaultFailover} }
 
