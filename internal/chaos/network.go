@@ -134,10 +134,16 @@ func pickNetFault(kind string, rng *rand.Rand) netFault {
 
 // apply makes f on runner id's proxies, waits f.d, and takes it away.
 func (n *network) apply(id string, f netFault) error {
-	n.mu.Lock()
-	ps := n.proxies[id]
-	n.mu.Unlock()
-	for _, p := range ps {
+	if err := n.inject(id, f); err != nil {
+		return err
+	}
+	time.Sleep(f.d)
+	return n.heal(id, f)
+}
+
+// inject puts f's toxics on runner id's proxies.
+func (n *network) inject(id string, f netFault) error {
+	for _, p := range n.proxiesOf(id) {
 		for i, tx := range f.toxics {
 			body := fmt.Sprintf(`{"name": "%s%d", "type": %q, "stream": %q, "attributes": %s}`, f.kind, i, tx.kind, tx.stream, tx.attrs)
 			if _, err := p.Toxics.AddToxicJson(strings.NewReader(body)); err != nil {
@@ -145,9 +151,14 @@ func (n *network) apply(id string, f netFault) error {
 			}
 		}
 	}
-	time.Sleep(f.d)
+	return nil
+}
+
+// heal takes f's toxics away, first resetting the connections when f
+// dropped bytes.
+func (n *network) heal(id string, f netFault) error {
 	var errs []error
-	for _, p := range ps {
+	for _, p := range n.proxiesOf(id) {
 		if f.reset {
 			p.Stop() // closes every connection through it
 		}
@@ -166,6 +177,12 @@ func (n *network) apply(id string, f netFault) error {
 		return fmt.Errorf("taking %s away: %v", f.kind, errs)
 	}
 	return nil
+}
+
+func (n *network) proxiesOf(id string) []*toxiproxy.Proxy {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.proxies[id]
 }
 
 // restart starts a stopped proxy on the address it had: the runner's
