@@ -2,8 +2,10 @@
 // against a build of cmd/runner: several `runner serve` processes on a
 // Redis topology it starts (one server, Sentinel or Cluster), under load,
 // while it SIGKILLs runners (the cron leader mid-fan-out among them),
-// SIGSTOPs them past their lease TTL, pauses Redis past it, and restarts
-// or fails over Redis; then it checks that no key is stuck, tokens
+// SIGSTOPs them past their lease TTL, pauses Redis past it, breaks the
+// network between one runner and Redis (latency, lost replies, lost
+// commands, partitions, resets, bandwidth: toxiproxy in process), and
+// restarts or fails over Redis; then it checks that no key is stuck, tokens
 // never go backwards, no process an exec stage started survives, every
 // subject gets exactly one request per cron occurrence, no two
 // executions of a key overlap unless the older one was refused, and a

@@ -7,8 +7,10 @@
 // each write by its slot and slot token), and a cron schedule on bulk for
 // every subject. It submits and cancels at random through the runners' APIs
 // while it SIGKILLs runners (the cron leader mid-fan-out among them),
-// SIGSTOPs them past their lease TTL, pauses Redis writes past it, and
-// makes the topology's Redis faults happen (restarts, a lost disk,
+// SIGSTOPs them past their lease TTL, pauses Redis writes past it, breaks
+// one runner's network to every Redis node at a time (network.go: a
+// toxiproxy proxy per runner and node), and makes the topology's Redis
+// faults happen (restarts, a lost disk,
 // failovers), each ending an epoch. Then it checks:
 //
 //  0. every Redis fault is one it made (no failover of the Sentinels' own);

@@ -187,6 +187,8 @@ func (r Report) Summary() []string {
 			kills, leader, k[FaultSigkillLeaderMidFanOut], k[FaultSigstopPastTTL], k[FaultGracefulStop], k[FaultClientPause],
 			k[FaultRedisRestartKeepData], k[FaultRedisRestartEmpty], k[FaultFailover],
 			r.DescendantsSeen, seconds(r.GoneMaxSeconds)),
+		fmt.Sprintf("network: latency %d, replies lost %d, commands lost %d, partitions %d, resets %d, bandwidth limits %d (one runner's connections to every Redis node each)",
+			k[FaultNetLatency], k[FaultNetRepliesLost], k[FaultNetCommandsLost], k[FaultNetPartition], k[FaultNetResetPeer], k[FaultNetBandwidth]),
 		fmt.Sprintf("exec burst: %d stages running, %d of them on the runner SIGKILLed then", r.BurstStages, r.BurstStagesOnKilled),
 		fmt.Sprintf("recorder: %d requests, accepted %d, refused stale %d (on arrival %d, at commit %d), aborted by the runner %d, without a Tasklease-Key header %d; peak live per partition %v",
 			r.Requests, r.Accepted, r.RefusedStale, r.RefusedOnArrival, r.RefusedAtCommit, r.Aborted, r.NoKeyHeader, r.PeakLivePerPartition),
