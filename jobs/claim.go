@@ -192,12 +192,12 @@ func (r *Runner) decodeGrant(s string, e entry, sent time.Time) (claimResult, er
 		return claimResult{}, fmt.Errorf("claim: token %q: %w", f[1], err)
 	}
 	r.sawToken(c.token)
+	if c.done, err = strconv.Atoi(f[2]); err != nil {
+		return claimResult{}, fmt.Errorf("claim: done %q: %w", f[2], err)
+	}
 	if h := r.testHooks.history; h != nil {
 		h(histories.Op{Key: e.key.String(), Kind: histories.Grant, Runner: r.owner, RunID: e.runID, Token: c.token, Done: c.done},
 			histories.OK, sent, time.Now())
-	}
-	if c.done, err = strconv.Atoi(f[2]); err != nil {
-		return claimResult{}, fmt.Errorf("claim: done %q: %w", f[2], err)
 	}
 	if c.attempt, err = strconv.Atoi(f[3]); err != nil {
 		return claimResult{}, fmt.Errorf("claim: attempt %q: %w", f[3], err)

@@ -257,9 +257,15 @@ func (r *Runner) execute(lr *localRun, c claimResult, readNext bool) (next []nex
 				break
 			}
 			sent := time.Now()
+			var op histories.Op
+			if r.testHooks.history != nil { // k.String() allocates
+				op = histories.Op{Key: k.String(), Kind: histories.Advance, Runner: r.owner, RunID: runID, Token: lease.Token, Done: i + 1}
+				if r.historySent != nil {
+					r.historySent(op, sent)
+				}
+			}
 			_, err = r.reg.store.Advance(kctx, lease, runID, name)
-			r.recordWrite(histories.Op{Key: k.String(), Kind: histories.Advance, Runner: r.owner, RunID: runID, Token: lease.Token, Done: i + 1},
-				err, sent)
+			r.recordWrite(op, err, sent)
 			if err == nil {
 				continue
 			}

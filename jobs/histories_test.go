@@ -5,11 +5,15 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/anishathalye/porcupine"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/tasklease/tasklease/internal/histories"
 	"github.com/tasklease/tasklease/internal/redistest"
@@ -106,5 +110,48 @@ func TestHistoriesLinearizable(t *testing.T) {
 	}
 	if res.Ops < 20 { // a history at all: its size depends on the machine
 		t.Fatalf("only %d operations recorded", res.Ops)
+	}
+}
+
+// TestHistoryLog: a runner with RunnerConfig.HistoryLog writes what it saw
+// of a run — its grant, each advance (sent, then answered) and its finish —
+// and the log reads back as a linearizable history of that run.
+func TestHistoryLog(t *testing.T) {
+	mr := miniredis.RunT(t)
+	noop := HandlerFunc(func(context.Context, *Run) error { return nil })
+	e := newEnv(t, redis.NewClient(&redis.Options{Addr: mr.Addr()}), Config{Jobs: []Job{{Scope: "sync",
+		Stages: []Stage{{Name: "pull", Handler: noop}, {Name: "merge", Handler: noop}, {Name: "push", Handler: noop}}}}})
+	var buf syncBuffer
+	_, stop := e.startRunner(RunnerConfig{ID: "h", Concurrency: 2, HistoryLog: &buf})
+	if _, err := e.reg.Submit(context.Background(), "u1", "sync", SubmitOptions{Source: SourceManual}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitStatus("u1", "sync", 5*time.Second, StatusDone)
+	stop()
+	// a line per grant; two per advance and finish: sent, then answered
+	if n := strings.Count(buf.String(), "\n"); n != 7 {
+		t.Errorf("%d log lines, want 7:\n%s", n, buf.String())
+	}
+	entries, err := histories.ReadLog(strings.NewReader(buf.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kinds []string
+	for _, en := range entries {
+		if en.Out != histories.OK || en.Op.Key != "u1|sync" || en.Ret < en.Call {
+			t.Errorf("entry %+v: want an answered operation of u1|sync", en)
+		}
+		kinds = append(kinds, fmt.Sprintf("%s %d", en.Op.Kind, en.Op.Done))
+	}
+	// the finish completes the last stage (it saves the advance's round trip)
+	if want := []string{"grant 0", "advance 1", "advance 2", "finish 3"}; !slices.Equal(kinds, want) {
+		t.Fatalf("log has %v, want %v:\n%s", kinds, want, buf.String())
+	}
+	if !entries[3].Op.Ends {
+		t.Error("the finish did not end the run")
+	}
+	res, err := histories.Check(histories.Operations(entries), time.Minute, "")
+	if err != nil || res.Verdict != porcupine.Ok {
+		t.Fatalf("%v, %v", res, err)
 	}
 }

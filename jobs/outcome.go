@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/tasklease/tasklease/internal/histories"
 	"github.com/tasklease/tasklease/internal/keyspace"
 	"github.com/tasklease/tasklease/leasing"
 )
@@ -56,9 +57,16 @@ func (r *Runner) finish(job *Job, e entry, lease leasing.Lease, result, complete
 		fin.args = append(fin.args, followUp)
 	}
 	sent := time.Now() // a claim of the entry taken counts its lease from here
+	var op histories.Op
+	if r.testHooks.history != nil {
+		op = r.finishOp(job, k.String(), runID, lease.Token, completed)
+		if r.historySent != nil {
+			r.historySent(op, sent)
+		}
+	}
 	res, err := evalOne(ctx, r.reg.gc, fin)
-	if h := r.testHooks.history; h != nil {
-		r.recordFinish(job, k.String(), runID, lease.Token, result, completed, res, err, sent)
+	if r.testHooks.history != nil {
+		r.recordFinish(op, result, res, err, sent)
 	}
 	if err != nil || len(res) < 2 {
 		log.Warn("finish failed; the run will be recovered when its lease expires", slog.Any("error", err))

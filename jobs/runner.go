@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"runtime"
@@ -105,6 +106,13 @@ type RunnerConfig struct {
 	// renewals past their deadline; with it, the starts are spread over a
 	// few hundred milliseconds while the renewals keep their pace.
 	ExecStarts int
+	// HistoryLog, when set, receives what this runner saw of its fenced
+	// calls on runs: each grant it was told of with its token, each stage
+	// advance and finish when sent and when answered (or never), one JSON
+	// line each with wall-clock times, for checking histories across
+	// processes with porcupine (cmd/chaos, runner serve --history-log;
+	// docs/correctness.md#histories). Nil: off, a nil check per call.
+	HistoryLog io.Writer
 }
 
 func (c *RunnerConfig) normalize() error {
@@ -194,6 +202,10 @@ type Runner struct {
 
 	// testHooks are set by this package's tests before Run; nil in
 	// production.
+	// historySent: an advance or finish is about to be sent
+	// (RunnerConfig.HistoryLog); nil when off.
+	historySent func(op histories.Op, call time.Time)
+
 	testHooks struct {
 		cancelHandled func(payload string) // after a cancel message was handled
 		// idleWait: partition p's fetcher is about to wait on its bell,
@@ -202,7 +214,8 @@ type Runner struct {
 		// waitRead: the read sent with a wait on partition p took n entries.
 		waitRead func(p, n int)
 		// history: a grant, advance or finish this runner made, as the
-		// client saw it (histories_test.go checks them with porcupine).
+		// client saw it (histories_test.go checks them with porcupine;
+		// RunnerConfig.HistoryLog sets it too).
 		history func(op histories.Op, out histories.Outcome, call, ret time.Time)
 		// timerSleeps: the timer read the due index and sleeps d.
 		timerSleeps func(d time.Duration)
@@ -252,6 +265,10 @@ func NewRunner(reg *Registry, cfg RunnerConfig) (*Runner, error) {
 		unmatched: newUnmatchedCancels(longestTTL + cfg.FetchBlock),
 	}
 	r.readConf, r.finishConf = r.confArgs()
+	if cfg.HistoryLog != nil {
+		l := histories.NewLog(cfg.HistoryLog)
+		r.testHooks.history, r.historySent = l.Returned, l.Sent
+	}
 	if reg.singleNode {
 		r.nodeWait = newNodeWaiter(r)
 	}

@@ -116,7 +116,7 @@ func startServe(t *testing.T, yamlText string) *testServer {
 	ctx, cancel := context.WithCancel(context.Background())
 	addrc := make(chan string, 1)
 	done := make(chan error, 1)
-	go func() { done <- serve(ctx, cfg, log, io.Discard, func(addr string) { addrc <- addr }) }()
+	go func() { done <- serve(ctx, cfg, log, io.Discard, nil, func(addr string) { addrc <- addr }) }()
 	t.Cleanup(func() {
 		cancel()
 		select {

@@ -43,6 +43,7 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	cfgPath := fs.String("config", "", "config file (YAML); default: embedded Redis and the demo jobs")
 	listen := fs.String("listen", "", "HTTP listen address (overrides http.listen)")
 	redisURL := fs.String("redis", "", "Redis URL (overrides redis.url/addrs)")
+	historyLog := fs.String("history-log", "", "append what this runner saw of its runs' grants, advances and finishes to this file, one JSON line each (for fault tests: docs/correctness.md#histories)")
 	if pos, err := parseArgs(fs, args); err != nil {
 		return err
 	} else if len(pos) > 0 {
@@ -69,14 +70,23 @@ func cmdServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fail(exitUsage, "%w", err)
 	}
 	log := cfg.Log.NewLogger(stderr)
-	return serve(ctx, cfg, log, stdout, nil)
+	var history io.Writer
+	if *historyLog != "" {
+		f, err := os.OpenFile(*historyLog, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+		if err != nil {
+			return fail(exitUsage, "--history-log: %w", err)
+		}
+		defer f.Close()
+		history = f // unbuffered: a killed runner's last lines are on disk
+	}
+	return serve(ctx, cfg, log, stdout, history, nil)
 }
 
 // serve runs everything a runner pod runs until ctx ends. spans receives
-// the console trace exporter's output (OTEL_TRACES_EXPORTER=console).
-// ready, when not nil, receives the HTTP address once it listens (for
-// tests).
-func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, spans io.Writer, ready func(addr string)) error {
+// the console trace exporter's output (OTEL_TRACES_EXPORTER=console);
+// history, when not nil, the runner's history log (--history-log). ready,
+// when not nil, receives the HTTP address once it listens (for tests).
+func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, spans, history io.Writer, ready func(addr string)) error {
 	var rdb redis.UniversalClient
 	if cfg.Embedded() {
 		m := miniredis.NewMiniRedis()
@@ -146,7 +156,9 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, spans io.W
 	if err != nil {
 		return fail(exitUsage, "%w", err)
 	}
-	runner, err := jobs.NewRunner(reg, cfg.RunnerConfig())
+	runCfg := cfg.RunnerConfig()
+	runCfg.HistoryLog = history
+	runner, err := jobs.NewRunner(reg, runCfg)
 	if err != nil {
 		return fail(exitUsage, "%w", err)
 	}

@@ -25,7 +25,10 @@
 //  8. a paused scope's runs are never granted (pause.go);
 //  9. never more than N (Options.Limit) executions of the limited job have
 //     writes accepted at once, each counted from its first accepted write
-//     to its last (limit.go).
+//     to its last (limit.go);
+//  10. every run's history — what each runner saw of its grants, advances
+//     and finishes, from their history logs — is linearizable (porcupine,
+//     histories.go; runs near a Redis fault left out).
 //
 // Run does all of it and returns a Report; `go run ./cmd/chaos` and
 // TestChaosE2E (cmd/runner) are thin wrappers around it. The harness needs

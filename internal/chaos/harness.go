@@ -302,6 +302,7 @@ func (h *harness) run(opts Options) (Report, error) {
 	rerunChecked := h.checkRerun(reqs, execLines)
 	pausesChecked := h.checkPause(final)
 	lim := h.checkLimit(reqs)
+	hist := h.checkHistories()
 
 	// Figures.
 	runs := map[string]bool{}
@@ -355,6 +356,8 @@ func (h *harness) run(opts Options) (Report, error) {
 		RefusedLateAfterPause: lim.refusedAfterPause, LimitedRefusedByKey: lim.refusedByKey,
 		LimitedAborted: lim.aborted, SlotTokensBehindFaults: lim.behindFaults, RefusedBehindFaults: lim.refusedBehind,
 		SlotTokensBehindExample: lim.behindExample, SlotTokensTwice: lim.tokensTwice, SlotTokensTwiceExample: lim.tokensTwiceExample,
+		HistoryOps: hist.ops, HistoryRuns: hist.runs, HistoryRunsNearFaults: hist.excludedRuns,
+		HistoryUnconfirmed: hist.unconfirmed, HistoryVerdict: string(hist.verdict),
 		Submits: int(h.submits.Load()), ForegroundHooks: int(h.fgs.Load()), Cancels: int(h.cancels.Load()),
 		APIErrors:    int(h.errs.Load()),
 		DrainSeconds: drained.Round(time.Millisecond).Seconds(), FinalStatuses: finalStatus,

@@ -114,7 +114,7 @@ func (h *harness) start(id, cfg string) *runnerProc {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p.cmd = exec.Command(h.bin, "serve", "--config", cfg, "--listen", addr)
+		p.cmd = exec.Command(h.bin, "serve", "--config", cfg, "--listen", addr, "--history-log", h.historyPath(id, inc))
 		p.cmd.Env = append(append(os.Environ(), h.topo.runnerEnv()...), "TASKLEASE_RUNNER_ID="+id, "TASKLEASE_TOKEN=",
 			"CHAOS_RUNNER="+p.marker, "CHAOS_EXEC_LOG="+h.execLog)
 		if h.net != nil {
@@ -256,12 +256,16 @@ func (h *harness) keepLogs(dir string) error {
 	}
 	paths := []string{h.execLog}
 	for _, p := range h.allRunners() {
-		paths = append(paths, p.logPath)
+		paths = append(paths, p.logPath, h.historyPath(p.id, p.inc))
 	}
 	for _, p := range paths {
 		if b, err := os.ReadFile(p); err == nil {
 			_ = os.WriteFile(dir+"/"+p[strings.LastIndexByte(p, '/')+1:], b, 0o644)
 		}
+	}
+	if b, err := os.ReadFile(h.dir + "/histories/histories.html"); err == nil { // check 10's view, when Illegal
+		_ = os.MkdirAll(dir+"/histories", 0o755)
+		_ = os.WriteFile(dir+"/histories/histories.html", b, 0o644)
 	}
 	h.note("logs kept in %s", dir)
 	return nil

@@ -72,6 +72,16 @@ type Report struct {
 	// runner died; GoneMaxSeconds the longest wait for a dead runner's
 	// processes to go.
 	DescendantsSeen int `json:"descendantsSeen"`
+	// Check 10: the runs whose histories porcupine checked, their
+	// operations (HistoryUnconfirmed of them never answered), the runs
+	// left out because they came near a Redis fault, and porcupine's
+	// verdict (Ok, Illegal, or Unknown when it could not decide in time).
+	HistoryRuns           int    `json:"historyRuns"`
+	HistoryOps            int    `json:"historyOps"`
+	HistoryUnconfirmed    int    `json:"historyUnconfirmed"`
+	HistoryRunsNearFaults int    `json:"historyRunsNearFaults"`
+	HistoryVerdict        string `json:"historyVerdict"`
+
 	// BurstStages is the exec burst's stages running when the runner
 	// holding most of them (BurstStagesOnKilled) was SIGKILLed.
 	BurstStages         int     `json:"burstStages"`
@@ -189,6 +199,8 @@ func (r Report) Summary() []string {
 			r.DescendantsSeen, seconds(r.GoneMaxSeconds)),
 		fmt.Sprintf("network: latency %d, replies lost %d, commands lost %d, partitions %d, resets %d, bandwidth limits %d (one runner's connections to every Redis node each)",
 			k[FaultNetLatency], k[FaultNetRepliesLost], k[FaultNetCommandsLost], k[FaultNetPartition], k[FaultNetResetPeer], k[FaultNetBandwidth]),
+		fmt.Sprintf("histories: %d runs checked with porcupine, %d operations (%d never answered): %s; %d runs near a Redis fault left out",
+			r.HistoryRuns, r.HistoryOps, r.HistoryUnconfirmed, r.HistoryVerdict, r.HistoryRunsNearFaults),
 		fmt.Sprintf("exec burst: %d stages running, %d of them on the runner SIGKILLed then", r.BurstStages, r.BurstStagesOnKilled),
 		fmt.Sprintf("recorder: %d requests, accepted %d, refused stale %d (on arrival %d, at commit %d), aborted by the runner %d, without a Tasklease-Key header %d; peak live per partition %v",
 			r.Requests, r.Accepted, r.RefusedStale, r.RefusedOnArrival, r.RefusedAtCommit, r.Aborted, r.NoKeyHeader, r.PeakLivePerPartition),

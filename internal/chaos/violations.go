@@ -20,6 +20,7 @@ const (
 	checkRerun      = "7 no stage runs again once its run is done"
 	checkPause      = "8 a paused scope's runs are never granted"
 	checkLimit      = "9 never more than N accepted concurrent writers"
+	checkHistories  = "10 every run's history is linearizable"
 )
 
 // detailsPerCheck is how many violations of one check the report details.
