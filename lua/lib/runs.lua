@@ -149,6 +149,9 @@ local function finish_terminal(c, result, err, r, before)
     else
       next_run_id = c.next_run_id or follow_up_id(r.runId) -- queued by a version before followUpRunId
     end
+    -- A run id names one run: never the follow-up of itself (a repeated
+    -- request that queued it once it had started; submit_one answers those).
+    if next_run_id == r.runId then next_run_id = follow_up_id(r.runId) end
     local srcs = r.followUpSources
     local first = list_at(srcs, 1)
     if first == '' then first = 'manual' end

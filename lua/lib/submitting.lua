@@ -236,6 +236,13 @@ local function submit_one(a, vals)
     return 'duplicate'
   end
   local cur, status = vals[X + 1], vals[X + 2]
+  -- The run on record has this request's own run id (a new one for each
+  -- request): this is a repeat of the request that started or queued it —
+  -- go-redis sends a call again when its reply was lost, and Redis runs
+  -- the script twice. It is served already; writing again would queue the
+  -- run behind itself, cancel it (replace) or start it anew. The caller
+  -- reads the view.
+  if cur == a.run_id then return 'joined' end
   local active = status == 'queued' or status == 'running' or status == 'retrying'
   -- A new run (no active one, not throttled): nothing read is needed but
   -- whether the record exists, and the reply is what was written.
