@@ -4,6 +4,7 @@ package chaos
 
 import (
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -78,13 +79,16 @@ func TestCheckerHistories(t *testing.T) {
 				t.Fatalf("verdict %s, %d runs checked, %d left out; want %s, %d, %d (%v)",
 					st.verdict, st.runs, st.excludedRuns, tc.verdict, tc.runs, tc.excluded, h.viol.of(checkHistories))
 			}
-			if got := h.viol.of(checkHistories); len(got) != 0 {
-				t.Fatalf("violations %v, want none (an Illegal verdict is reported, not counted, for now)", got)
-			}
+			got := h.viol.of(checkHistories)
 			if tc.verdict == porcupine.Illegal {
+				if len(got) != 1 || !strings.Contains(got[0], "not linearizable") {
+					t.Fatalf("violations %v, want one naming the history", got)
+				}
 				if _, err := os.Stat(st.html); err != nil {
 					t.Errorf("porcupine's view: %v", err)
 				}
+			} else if len(got) != 0 {
+				t.Fatalf("violations %v, want none", got)
 			}
 		})
 	}
