@@ -83,9 +83,11 @@ func (b *bench) openLoop(at []time.Duration, startedAt []atomic.Int64, submit fu
 	defer cancel()
 	next := make(chan int, len(at))
 	errs := make(chan error, loadSubmitters)
+	sentAt := make([]int64, len(at))
 	for range loadSubmitters {
 		go func() {
 			for i := range next {
+				sentAt[i] = time.Now().UnixNano()
 				if err := submit(ctx, i); err != nil {
 					errs <- err
 					return
@@ -118,9 +120,12 @@ func (b *bench) openLoop(at []time.Duration, startedAt []atomic.Int64, submit fu
 		return nil, fmt.Errorf("handlers started: %w", err)
 	}
 	out := make([]time.Duration, len(at))
+	lag := make([]time.Duration, len(at))
 	for i, d := range at {
 		out[i] = time.Unix(0, startedAt[i].Load()).Sub(t0.Add(d))
+		lag[i] = time.Unix(0, sentAt[i]).Sub(t0.Add(d))
 	}
+	b.progress("load: the harness sent arrivals late by p50 %.2f ms, p99 %.2f ms (counted in the pick-up)", ms(percentile(lag, 50)), ms(percentile(lag, 99)))
 	return out, nil
 }
 
