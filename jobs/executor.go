@@ -287,7 +287,7 @@ func (r *Runner) execute(lr *localRun, c claimResult, readNext bool) (next []nex
 		// and a run submitted in between could start (CI caught one in
 		// TestLimiterHoldOnRetryAfter). The stage is over; its slots are
 		// given back now.
-		r.releaseGrants(context.Background(), slots, e.id, 0, false, ra.Delay)
+		r.releaseGrants(context.Background(), slots, e.id, 0, startsRan, ra.Delay)
 		slots = nil
 	}
 	next = r.finish(job, e, lease, result, completed, stageErr, c.attempt, readNext, log)

@@ -23,6 +23,18 @@ func (r *Runner) pokePump(d *limiterDef) {
 	}
 }
 
+// pumpAfterLostReply wakes d's pump once the slots a call without a reply
+// may have reserved for this runner have expired: lim_unreserve then puts
+// their waiting runs back in line, and nothing else may look for a
+// while (a pump sleeps pumpIdle while nothing waits).
+func (r *Runner) pumpAfterLostReply(d *limiterDef) {
+	time.AfterFunc(r.slotTTL(d)+pumpSlack, func() { r.pokePump(d) })
+}
+
+// pumpSlack: a pump woken for expired reservations looks this long after
+// their TTL, by this runner's clock.
+const pumpSlack = 100 * time.Millisecond
+
 // pumpLoop reserves limiter d's freed slots for its waiting runs when no
 // release hands them on: after a holder crashed (its slot expired), at a
 // rate's next start, or when a hold ends. It sleeps while nothing waits
@@ -46,7 +58,7 @@ func (r *Runner) pumpLoop(ctx context.Context, d *limiterDef, poke <-chan struct
 			return
 		}
 		call := &scriptCall{script: r.reg.scripts.limiterRelease, keys: []string{d.key},
-			args: []any{d.conf, r.owner, r.slotTTL(d).Milliseconds(), 1, 0, "0"}}
+			args: []any{d.conf, r.owner, r.slotTTL(d).Milliseconds(), 1, 0, string(startsRan), ""}}
 		sent := time.Now()
 		res, err := evalOne(ctx, r.reg.gc, call)
 		if err != nil || len(res) != 3 {
@@ -54,12 +66,15 @@ func (r *Runner) pumpLoop(ctx context.Context, d *limiterDef, poke <-chan struct
 			if ctx.Err() != nil {
 				return
 			}
+			r.pumpAfterLostReply(d)
 			sleep = pumpBusy
 			continue
 		}
 		if more := r.decodeReserved(d, res[0], sent); len(more) > 0 {
-			r.admitWork(ctx, more)
 			sleep = 0
+			if r.admitWork(ctx, more) {
+				sleep = pumpBusy // what failed may fail the next reservations too
+			}
 			continue
 		}
 		r.release(1)

@@ -37,26 +37,83 @@ func (c *carried) holdFor(d *limiterDef) int64 {
 	return 0
 }
 
+// startsBack says how the starts a run holds are given back
+// (limiter_release.lua ARGV[6]).
+type startsBack string
+
+const (
+	startsRan    startsBack = "0" // the run ran: the rate stays charged
+	startsUnused startsBack = "1" // its claim was not granted: the rate is refunded
+	// startsAgain: a reserved run whose claim's outcome is unknown (the
+	// call failed): the rate is refunded and its request waits again,
+	// first in line, instead of until its entry's limiterRecheck.
+	startsAgain startsBack = "w"
+)
+
 // releaseGrants gives back grants of the run of entry id, pumping up to
 // pop waiting runs reserved for this runner (which take the caller's
 // runner slots); hold > 0 holds the limiters that hold on a retry-after.
-func (r *Runner) releaseGrants(ctx context.Context, grants []slotGrant, id string, pop int, refund bool, hold time.Duration) []*admission {
+func (r *Runner) releaseGrants(ctx context.Context, grants []slotGrant, id string, pop int, back startsBack, hold time.Duration) []*admission {
 	if len(grants) == 0 {
 		return nil
 	}
-	calls := r.releaseCalls(grants, id, pop, refund, hold)
+	calls := r.releaseCalls(grants, id, pop, back, "", hold)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseTTL)
 	defer cancel()
 	sent := time.Now()
 	if err := evalGrouped(ctx, r.reg.gc, calls); err != nil {
 		r.log.Warn("limiter release failed; the slots expire with their TTL", slog.Any("error", err))
+		if pop > 0 {
+			r.pumpAfterLostReply(grants[0].lim)
+		}
 	}
 	return r.released(grants, calls, sent)
 }
 
+// waitAgain gives back the starts of reserved runs whose claim or next
+// limiter call failed, their requests first in line again in the
+// limiters that reserved them (startsAgain). It reserves nothing in
+// return and wakes no pump: the claim's partition may be down, and the
+// next release or pump of the fleet hands the slots on. An entry whose
+// limiters could not be told is handed back to be reclaimed now; and a
+// reservation neither reached expires into lim_unreserve.
+func (r *Runner) waitAgain(ctx context.Context, as []*admission) {
+	var calls []*scriptCall
+	var of []*admission
+	for _, a := range as {
+		a.endRun()
+		cs := r.releaseCalls(a.grants, a.e.id, 0, startsAgain, a.group, 0)
+		calls = append(calls, cs...)
+		for range cs {
+			of = append(of, a)
+		}
+		a.grants = nil
+	}
+	if len(calls) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseTTL)
+	defer cancel()
+	_ = evalGrouped(ctx, r.reg.gc, calls) // each call's error is in its cmd
+	var back []entry
+	seen := map[*admission]bool{}
+	for i, c := range calls {
+		if c.cmd != nil && c.cmd.Err() == nil || seen[of[i]] {
+			continue
+		}
+		seen[of[i]] = true
+		back = append(back, of[i].e)
+	}
+	if len(back) > 0 {
+		r.log.Warn("limiter release failed; the waiting runs are handed back to be reclaimed", slog.Int("runs", len(back)))
+		r.handBackEntries(ctx, back)
+	}
+}
+
 // releaseCalls are the limiter_release.lua calls that give back grants
-// (releaseGrants); the first pumps for pop runner slots.
-func (r *Runner) releaseCalls(grants []slotGrant, id string, pop int, refund bool, hold time.Duration) []*scriptCall {
+// (releaseGrants); the first pumps for pop runner slots. group is the
+// members' fair-share group, for startsAgain.
+func (r *Runner) releaseCalls(grants []slotGrant, id string, pop int, back startsBack, group string, hold time.Duration) []*scriptCall {
 	calls := make([]*scriptCall, len(grants))
 	for i, g := range grants {
 		h := int64(0)
@@ -68,7 +125,7 @@ func (r *Runner) releaseCalls(grants []slotGrant, id string, pop int, refund boo
 			n = pop
 		}
 		calls[i] = &scriptCall{script: r.reg.scripts.limiterRelease, keys: []string{g.lim.key},
-			args: []any{g.lim.conf, r.owner, r.slotTTL(g.lim).Milliseconds(), n, h, boolFlag(refund), g.slot, g.token, id}}
+			args: []any{g.lim.conf, r.owner, r.slotTTL(g.lim).Milliseconds(), n, h, string(back), group, g.slot, g.token, id}}
 	}
 	return calls
 }
@@ -119,7 +176,7 @@ func (r *Runner) giveBackCarried(c *carried, pop int) []*admission {
 	if c == nil {
 		return nil
 	}
-	return r.releaseGrants(context.Background(), c.grants, c.id, pop, false, c.hold)
+	return r.releaseGrants(context.Background(), c.grants, c.id, pop, startsRan, c.hold)
 }
 
 // staleAfter: an admission whose first slot was taken longer ago than a

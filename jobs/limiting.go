@@ -59,6 +59,10 @@ type admission struct {
 	// lr: the run registered for cancels before a call that may claim it
 	// (an acquire that claims on a single server)
 	lr *localRun
+	// reserved: a waiting run a limiter reserved a slot for (its entry
+	// is taken until limiterRecheck): when its claim or next limiter call
+	// fails it waits again (waitAgain), not until the recheck.
+	reserved bool
 }
 
 func (a *admission) endRun() {
@@ -90,7 +94,7 @@ func (r *Runner) startClaimed(a *admission, d *limiterDef, one []any, sent time.
 		// unreadable: the lease expires unused, the entry is reclaimed
 		r.log.Warn("limiter claim unreadable; the run will be reclaimed", slog.String("task_key", a.e.key.String()), slog.Any("error", err))
 		a.endRun()
-		r.releaseGrants(context.Background(), []slotGrant{g}, a.e.id, 0, false, 0)
+		r.releaseGrants(context.Background(), []slotGrant{g}, a.e.id, 0, startsRan, 0)
 		r.release(1)
 		return
 	}
@@ -143,15 +147,21 @@ func (r *Runner) admitAndStart(ctx context.Context, es []entry) {
 	r.admitWork(ctx, work)
 }
 
-func (r *Runner) admitWork(ctx context.Context, work []*admission) {
+// admitWork reports whether a Redis call failed on the way: a pump backs
+// off then, since the runs it reserves may meet the failure again.
+func (r *Runner) admitWork(ctx context.Context, work []*admission) (failed bool) {
 	for len(work) > 0 {
 		if !r.taking() {
 			r.abandon(work, len(work))
-			return
+			return failed
 		}
 		r.readGroups(ctx, work)
-		work = r.claimAdmitted(ctx, r.acquireAll(ctx, work))
+		ready, f1 := r.acquireAll(ctx, work)
+		var f2 bool
+		work, f2 = r.claimAdmitted(ctx, ready)
+		failed = failed || f1 || f2
 	}
+	return failed
 }
 
 // readGroups reads the request group of entries whose job groups its
@@ -173,7 +183,7 @@ func (r *Runner) readGroups(ctx context.Context, work []*admission) {
 // by limiter in the job's order, until every admission holds them all
 // (ready) or waits (its runner slot goes to a waiting run the limiter
 // reserved for this runner, which joins the admissions, or is released).
-func (r *Runner) acquireAll(ctx context.Context, work []*admission) (ready []*admission) {
+func (r *Runner) acquireAll(ctx context.Context, work []*admission) (ready []*admission, failed bool) {
 	defer r.releaseCarried(ctx, work)
 	pending := work
 	for len(pending) > 0 {
@@ -225,7 +235,9 @@ func (r *Runner) acquireAll(ctx context.Context, work []*admission) (ready []*ad
 			res, rerr := calls[i].cmd.Slice()
 			if err != nil || rerr != nil || len(res) != 4 {
 				r.log.Warn("limiter acquire failed; the entries will be reclaimed", slog.String("limiter", d.Name), slog.Any("error", errors.Join(err, rerr)))
-				r.giveBack(as)
+				r.giveBack(ctx, as)
+				r.pumpAfterLostReply(d) // it may have reserved waiting runs for the slots of those that wait
+				failed = true
 				continue
 			}
 			results, _ := res[0].([]any)
@@ -269,7 +281,7 @@ func (r *Runner) acquireAll(ctx context.Context, work []*admission) (ready []*ad
 			}
 		}
 	}
-	return ready
+	return ready, failed
 }
 
 // releaseCarried gives back what the admissions carried for limiters
@@ -277,7 +289,7 @@ func (r *Runner) acquireAll(ctx context.Context, work []*admission) (ready []*ad
 func (r *Runner) releaseCarried(ctx context.Context, work []*admission) {
 	for _, a := range work {
 		if a.carry != nil && len(a.carry.grants) > 0 {
-			r.releaseGrants(ctx, a.carry.grants, a.carry.id, 0, false, a.carry.hold)
+			r.releaseGrants(ctx, a.carry.grants, a.carry.id, 0, startsRan, a.carry.hold)
 			a.carry.grants = nil
 		}
 	}
@@ -307,11 +319,11 @@ func (r *Runner) decodeReserved(d *limiterDef, v any, sent time.Time) []*admissi
 		e, ok := entryFrom(0, replyString(one[0]))
 		g := slotGrant{lim: d, slot: int(toInt(one[1])), token: toInt(one[2])}
 		if !ok { // not an entry (never written so): free its slot
-			r.releaseGrants(context.Background(), []slotGrant{g}, replyString(one[0]), 0, true, 0)
+			r.releaseGrants(context.Background(), []slotGrant{g}, replyString(one[0]), 0, startsUnused, 0)
 			continue
 		}
 		e.p = r.reg.ks.Partition(e.key)
-		out = append(out, &admission{e: e, grants: []slotGrant{g}, sent: sent})
+		out = append(out, &admission{e: e, grants: []slotGrant{g}, sent: sent, reserved: true})
 	}
 	return out
 }
@@ -327,7 +339,7 @@ func (r *Runner) wait(ctx context.Context, a *admission, d *limiterDef, why stri
 		a.e.runID, a.e.id, text, limiterRecheck.Milliseconds(), ks.Events(p)).Err(); err != nil {
 		r.log.Warn("limiter wait not recorded", slog.String("task_key", a.e.key.String()), slog.Any("error", err))
 	}
-	r.releaseGrants(ctx, a.grants, a.e.id, 0, true, 0)
+	r.releaseGrants(ctx, a.grants, a.e.id, 0, startsUnused, 0)
 	a.grants = nil
 	r.pokePump(d)
 }
@@ -350,7 +362,7 @@ func (r *Runner) waitingText(d *limiterDef, why string, at int64) string {
 // starts the granted runs. An entry whose claim is not granted gives its
 // starts back (refunding the rate); the runs the limiters reserve for
 // this runner in return are returned to be admitted.
-func (r *Runner) claimAdmitted(ctx context.Context, ready []*admission) (more []*admission) {
+func (r *Runner) claimAdmitted(ctx context.Context, ready []*admission) (more []*admission, failed bool) {
 	ready = r.refreshStale(ctx, ready)
 	byP := map[int][]*admission{}
 	var ps []int
@@ -373,6 +385,7 @@ func (r *Runner) claimAdmitted(ctx context.Context, ready []*admission) (more []
 		cctx, cancel := granting(ctx, r.cfg.LeaseTTL)
 		claims, err := r.claim(cctx, p, es)
 		cancel()
+		var again []*admission
 		for i, a := range as {
 			if err == nil && claims[i].kind == claimGranted {
 				c := claims[i]
@@ -384,20 +397,28 @@ func (r *Runner) claimAdmitted(ctx context.Context, ready []*admission) (more []
 				continue
 			}
 			runs[i].end()
+			if err != nil && a.reserved {
+				again = append(again, a)
+				continue
+			}
 			if err == nil {
 				r.notGranted(a.e, claims[i])
 			}
-			got := r.releaseGrants(ctx, a.grants, a.e.id, 1, true, 0)
+			got := r.releaseGrants(ctx, a.grants, a.e.id, 1, startsUnused, 0)
 			if len(got) == 0 {
 				r.release(1)
 			}
 			more = append(more, got...)
 		}
 		if err != nil {
-			r.log.Warn("claim failed; the entries will be reclaimed", slog.Int("partition", p), slog.Any("error", err))
+			r.log.Warn("claim failed; the entries will be reclaimed, the waiting runs wait again", slog.Int("partition", p),
+				slog.Int("waiting_runs", len(again)), slog.Any("error", err))
+			failed = true
+			r.waitAgain(ctx, again)
+			r.release(len(again))
 		}
 	}
-	return more
+	return more, failed
 }
 
 // abandon gives back what admissions hold when they cannot go on (the
@@ -412,7 +433,7 @@ func (r *Runner) abandon(work []*admission, slots int) {
 	for i, a := range work {
 		es[i] = a.e
 		a.endRun()
-		r.releaseGrants(context.Background(), a.grants, a.e.id, 0, true, 0)
+		r.releaseGrants(context.Background(), a.grants, a.e.id, 0, startsUnused, 0)
 		r.giveBackCarried(a.carry, 0)
 	}
 	r.handBackEntries(context.Background(), es)
@@ -420,11 +441,18 @@ func (r *Runner) abandon(work []*admission, slots int) {
 }
 
 // giveBack releases admissions whose limiter call failed: their starts
-// are given back, their entries are reclaimed when due.
-func (r *Runner) giveBack(as []*admission) {
+// are given back, their entries are reclaimed when due; reserved runs
+// wait again in the limiters that reserved them.
+func (r *Runner) giveBack(ctx context.Context, as []*admission) {
+	var again []*admission
 	for _, a := range as {
+		if a.reserved {
+			again = append(again, a)
+			continue
+		}
 		a.endRun()
-		r.releaseGrants(context.Background(), a.grants, a.e.id, 0, true, 0)
-		r.release(1)
+		r.releaseGrants(context.Background(), a.grants, a.e.id, 0, startsUnused, 0)
 	}
+	r.waitAgain(ctx, again)
+	r.release(len(as))
 }

@@ -9,8 +9,11 @@
 -- ARGV[4] waiting members to reserve slots for (0 or more)
 -- ARGV[5] hold (ms): the limiter holds its starts until now + hold
 --         (holdOnRetryAfter), 0 none
--- ARGV[6] '1': the starts being given back never ran (their claims were
---         not granted): their rate is refunded
+-- ARGV[6] '0': the starts being given back ran; '1': they never ran
+--         (their claims were not granted): their rate is refunded; 'w':
+--         they never ran and their members wait again, first in line
+--         (a reserved run whose claim failed: lib/limiters.lua lim_release)
+-- ARGV[7] with 'w', the members' fair-share group
 -- then per slot 3 values: slot number (-1: a rate-only limiter), token,
 -- member
 -- returns {reserved, look again in (ms, by Redis
@@ -18,8 +21,10 @@
 local l = lim_open(KEYS[1], ARGV[1], ARGV[3])
 local owner = ARGV[2]
 lim_hold(l, tonum(ARGV[5]))
-for j = 7, #ARGV, 3 do
-  lim_release(l, ARGV[j], ARGV[j + 1], ARGV[j + 2], owner, ARGV[6] == '1')
+local again = nil
+if ARGV[6] == 'w' then again = ARGV[7] end
+for j = 8, #ARGV, 3 do
+  lim_release(l, ARGV[j], ARGV[j + 1], ARGV[j + 2], owner, ARGV[6] ~= '0', again)
 end
 local reserved = {}
 local next_at, left = lim_pump(l, owner, tonum(ARGV[4]), reserved)

@@ -213,10 +213,30 @@ local function lim_pop(l)
   end
 end
 
+-- lim_unreserve puts back first in line the waiters of reservations that
+-- expired unclaimed (their runner died, or never read the reply that
+-- reserved them): lim_free_slot finds one only once every slot scored
+-- lower is taken, and a pump with nobody waiting would not look at all.
+-- Their slots are written free. Cost: ZRANGEBYSCORE, and per expired
+-- slot an HGET (a reservation: HDEL, ZADD and lim_wait's writes).
+local function lim_unreserve(l)
+  if l.conc == 0 then return end
+  local exp = rcall('ZRANGEBYSCORE', l.slots, '(0', l.now)
+  for k = 1, #exp do
+    local h = lim_holder(l, exp[k])
+    if h and h[3] == 'r' then
+      lim_wait(l, h[6], h[4], h[5], true)
+      rcall('HDEL', l.holders, exp[k])
+      rcall('ZADD', l.slots, 0, exp[k])
+    end
+  end
+end
+
 -- lim_pump reserves free slots for up to n waiting members, for owner,
 -- appending {member, slot, token} to out; returns when to look again
 -- (0: nothing waits) and how many still wait.
 local function lim_pump(l, owner, n, out)
+  if l.waiting <= 0 and n > 0 then lim_unreserve(l) end
   while true do
     if l.waiting <= 0 then return 0, 0 end
     if n <= 0 then
@@ -269,13 +289,16 @@ end
 -- "US member": lim_take); refund gives back the rate charged for a start
 -- that never ran. The slot is only marked free in l.freed: a start in the
 -- same call takes it over with one write (lim_take), and lim_close writes
--- the rest free.
-local function lim_release(l, i, token, member, owner, refund)
+-- the rest free. With again (the group of member, or nil) member waits
+-- again, first in line: a reserved run whose claim's outcome is unknown
+-- keeps its place instead of waiting for its entry's recheck.
+local function lim_release(l, i, token, member, owner, refund, again)
   if tonum(i) >= 0 then
     local v = rcall('HGET', l.holders, i)
     local pre, suf = owner .. US .. token .. US, US .. member
     if v and ssub(v, 1, #pre) == pre and ssub(v, -#suf) == suf then l.freed[#l.freed + 1] = i end
   end
+  if again then lim_wait(l, member, ssub(member, 1, 1), again, true) end
   if refund and l.interval > 0 then
     l.tat = l.tat - l.interval
     rcall('HSET', l.base, 'tat', string.format('%.3f', l.tat))
