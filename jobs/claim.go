@@ -109,7 +109,7 @@ func (r *Runner) claimCall(p int, es []entry) *scriptCall {
 	c.keys = append(c.keys, ks.Watch(p))
 	c.keys = append(c.keys, ks.QueueKeys(p)...)
 	c.keys = append(c.keys, ks.Paused(p), ks.Parked(p))
-	c.args = append(c.args, r.owner, r.reg.histCap, ks.Events(p), r.reg.retention.Milliseconds(), r.tokenFloor())
+	c.args = append(c.args, r.owner, r.reg.histCap, ks.Events(p), r.reg.retention.Milliseconds(), r.grantFloor())
 	for _, e := range es {
 		stages, maxAttempts := "", 0
 		if job := r.reg.jobs[e.key.Scope()]; job != nil {

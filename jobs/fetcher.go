@@ -40,7 +40,7 @@ func (r *Runner) readCall(p, n int) *scriptCall {
 	first, _ := r.readOrder(p)
 	// the bulk lane's hash tag names the partition's other keys (read_next.lua)
 	keys := []string{r.reg.ks.Queue(p, keyspace.LaneBulk)}
-	return &scriptCall{script: r.reg.scripts.readNext, keys: keys, args: []any{n, first.Letter(), r.readConf, r.tokenFloor()}}
+	return &scriptCall{script: r.reg.scripts.readNext, keys: keys, args: []any{n, first.Letter(), r.readConf, r.grantFloor()}}
 }
 
 // confArgs builds the arguments that carry what is constant about this

@@ -73,8 +73,9 @@ func deletePrefix(t testing.TB, cc *redis.ClusterClient, prefix string) {
 }
 
 // startRunner runs a Runner until the test ends (or stop is called) and
-// returns it with a stop func that waits for the graceful shutdown.
-func (e *testEnv) startRunner(cfg RunnerConfig) (*Runner, func()) {
+// returns it with a stop func that waits for the graceful shutdown; setup
+// runs on the Runner before it starts.
+func (e *testEnv) startRunner(cfg RunnerConfig, setup ...func(*Runner)) (*Runner, func()) {
 	e.t.Helper()
 	if cfg.FetchBlock == 0 {
 		cfg.FetchBlock = 100 * time.Millisecond
@@ -88,6 +89,9 @@ func (e *testEnv) startRunner(cfg RunnerConfig) (*Runner, func()) {
 	rn, err := NewRunner(e.reg, cfg)
 	if err != nil {
 		e.t.Fatal(err)
+	}
+	for _, f := range setup {
+		f(rn)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

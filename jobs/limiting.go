@@ -216,7 +216,7 @@ func (r *Runner) acquireAll(ctx context.Context, work []*admission) (ready []*ad
 					rel = append(rel, g.slot, g.token, a.carry.id)
 				}
 			}
-			args := append([]any{d.conf, r.owner, r.slotTTL(d).Milliseconds(), hold, r.claimConf, r.tokenFloor(), len(rel) / 3}, rel...)
+			args := append([]any{d.conf, r.owner, r.slotTTL(d).Milliseconds(), hold, r.claimConf, r.grantFloor(), len(rel) / 3}, rel...)
 			for _, a := range byLim[d] {
 				spec := r.claimSpec(a)
 				if spec != "" && a.lr == nil {

@@ -343,7 +343,7 @@ func (w *nodeWaiter) wait(ctx context.Context, ps []int, blockSeconds string, ca
 		for i, p := range ps {
 			lanes[i] = ks.Queue(p, keyspace.LaneBulk)
 		}
-		floor := w.r.tokenFloor()
+		floor := w.r.grantFloor()
 		w.mu.Lock()
 		w.floorSent = floor
 		w.mu.Unlock()

@@ -49,7 +49,7 @@ func (r *Runner) finish(job *Job, e entry, lease leasing.Lease, result, complete
 	// keys from the record's name.
 	fin := &scriptCall{script: r.reg.scripts.finish, keys: []string{ks.Task(k)},
 		args: []any{r.finishConf[job.Scope], lease.Token, runID, result, completed, errText, delay.Milliseconds(),
-			read, first.Letter(), entryID, r.tokenFloor()}}
+			read, first.Letter(), entryID, r.grantFloor()}}
 	if r.reg.tracer != nil {
 		// the follow-up's id names its trace links; untraced, the script derives it
 		followUp := newRunID()

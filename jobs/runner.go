@@ -188,6 +188,7 @@ type Runner struct {
 	finishConf map[string]string
 	claimConf  string       // limiter_acquire.lua's ARGV[5]: a claim's history cap and retention
 	tokensSeen atomic.Int64 // the highest fencing token this runner has seen (tokenfloor.go)
+	wallClock  func() time.Time // grantFloor's clock: time.Now (a test sets a lagging one)
 	log        *slog.Logger
 	slots      chan struct{}
 	execStarts chan struct{} // RunnerConfig.ExecStarts: a token per exec stage being started
@@ -257,6 +258,7 @@ func NewRunner(reg *Registry, cfg RunnerConfig) (*Runner, error) {
 		slots:      make(chan struct{}, cfg.Concurrency),
 		execStarts: make(chan struct{}, cfg.ExecStarts),
 		presence:   newPresence(cfg.PresenceInterval, cfg.Version),
+		wallClock:  time.Now,
 		active:     make(map[string]map[*context.CancelCauseFunc]struct{}),
 		pumps:      newPumps(reg),
 		// A claim's reply comes back within its call's bound (a lease TTL,

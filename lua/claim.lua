@@ -8,7 +8,7 @@
 --         (a sorted set, all scores 0, members "<scope> <subject>")
 -- KEYS[5+3i] task record of entry i   KEYS[6+3i] its lease   KEYS[7+3i] its history   (i = 1..n)
 -- ARGV[1] owner   ARGV[2] history cap   ARGV[3] events channel   ARGV[4] retention (ms)
--- ARGV[5] the highest fencing token this runner has seen ('' none): a
+-- ARGV[5] the runner's token floor (jobs/tokenfloor.go; '' none): a
 --   grant's token is above it (lib/base.lua floored)
 -- per entry i, ARGV[j+1 .. j+8] with j = 5 + 8(i-1):
 --   lane ('p' or 'b': the lane the entry was taken from)   the entry   runId

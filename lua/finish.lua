@@ -32,7 +32,7 @@
 --          bulk first): see read_lanes
 -- ARGV[10] the run's request entry: what the holder's claim wrote to the
 --          record, passed instead of read
--- ARGV[11] the highest fencing token this runner has seen ('' none): the
+-- ARGV[11] the runner's token floor (jobs/tokenfloor.go; '' none): the
 --          claim of the entry taken gets a token above it (lib/base.lua
 --          floored)
 -- ARGV[12] (only when tracing is on) the follow-up run id, which names

@@ -19,7 +19,7 @@
 -- ARGV[1] configuration (lib/limiters.lua lim_open)   ARGV[2] owner
 -- ARGV[3] slot ttl (ms)   ARGV[4] hold (ms, 0 none: limiter_release.lua)
 -- ARGV[5] for claims: history cap US retention (ms); '' when none is asked
--- ARGV[6] the highest fencing token this runner has seen ('' none): a run
+-- ARGV[6] the runner's token floor (jobs/tokenfloor.go; '' none): a run
 --         claimed here gets a token above it (lib/base.lua floored)
 -- ARGV[7] R, the slots given back, then 3R values: slot number, token,
 --         member

@@ -14,7 +14,7 @@
 --            at: each one's hash tag names the partition's other keys
 --            (queue_of), as read_next.lua's KEYS[1] does
 -- ARGV[1] what is constant for this runner (read_next.lua's ARGV[3])
--- ARGV[2] the highest fencing token this runner has seen (read_next.lua's
+-- ARGV[2] the runner's token floor (read_next.lua's
 --         ARGV[4])
 -- returns {} when every lane is empty, else {i, more, entry, claim}: i the
 -- index in KEYS of the entry's partition, more 1 when its lanes hold more

@@ -19,7 +19,7 @@
 --   scope, stages (comma list), maxAttempts, lease TTL (ms), and 'L' when
 --   the job has limiters (its entries are taken, answered {'limited'} and
 --   not claimed: the runner asks the limiters first, jobs.admitAndStart)
--- ARGV[4] the highest fencing token this runner has seen ('' none): a
+-- ARGV[4] the runner's token floor (jobs/tokenfloor.go; '' none): a
 --   grant's token is above it (lib/base.lua floored)
 -- (A claim that ends a run with a queued follow-up derives the follow-up's
 -- run id: lib/claiming.lua claim_ending.)

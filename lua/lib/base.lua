@@ -194,8 +194,9 @@ local function dec_ge(a, b)
   return #a > #b or (#a == #b and a >= b)
 end
 
--- floored is now_us (as clock returns it) raised above floor, the highest
--- fencing token the calling runner has seen ('' or nil: none). next_token's
+-- floored is now_us (as clock returns it) raised above floor, the calling
+-- runner's token floor: the highest fencing token it has seen, or its own
+-- clock in µs when later (jobs/tokenfloor.go; '' or nil: none). next_token's
 -- time floor alone fails when Redis lost a key's token and its clock
 -- lags — a failover to a replica whose clock is behind by more than the
 -- time since the key's last grant: TIME then gives a token below one
