@@ -186,8 +186,8 @@ type Runner struct {
 	// argument those take for it (lua/lib/base.lua conf_fields), built once.
 	readConf   string
 	finishConf map[string]string
-	claimConf  string       // limiter_acquire.lua's ARGV[5]: a claim's history cap and retention
-	tokensSeen atomic.Int64 // the highest fencing token this runner has seen (tokenfloor.go)
+	claimConf  string           // limiter_acquire.lua's ARGV[5]: a claim's history cap and retention
+	tokensSeen atomic.Int64     // the highest fencing token this runner has seen (tokenfloor.go)
 	wallClock  func() time.Time // grantFloor's clock: time.Now (a test sets a lagging one)
 	log        *slog.Logger
 	slots      chan struct{}
