@@ -58,7 +58,7 @@ func (r *Runner) pumpLoop(ctx context.Context, d *limiterDef, poke <-chan struct
 			return
 		}
 		call := &scriptCall{script: r.reg.scripts.limiterRelease, keys: []string{d.key},
-			args: []any{d.conf, r.owner, r.slotTTL(d).Milliseconds(), 1, 0, string(startsRan), ""}}
+			args: []any{d.conf, r.owner, r.slotTTL(d).Milliseconds(), 1, 0, string(startsRan), "", r.grantFloor()}}
 		sent := time.Now()
 		res, err := evalOne(ctx, r.reg.gc, call)
 		if err != nil || len(res) != 3 {

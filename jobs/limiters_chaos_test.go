@@ -284,3 +284,37 @@ func TestLimiterReservedRunStartsWhenItsReservationFails(t *testing.T) {
 		})
 	}
 }
+
+// TestLimiterSlotTokensAboveAfterDataLossAndALaggingClock: a limiter's
+// slot tokens keep growing when Redis loses the limiter and its clock is
+// an hour behind the clock that issued them (lagAndLose): the acquire and
+// the pump carry the runner's token floor (lim_open). It fails with
+// lim_open's floor removed: the next holder of slot 0 gets a token an
+// hour below, and a downstream fencing by slot refuses all its writes.
+func TestLimiterSlotTokensAboveAfterDataLossAndALaggingClock(t *testing.T) {
+	t.Parallel()
+	clk := redistest.NewClock(t)
+	srv := redistest.StartServerWithClock(t, clk)
+	slots := make(chan []LimiterSlot, 8)
+	h := HandlerFunc(func(ctx context.Context, run *Run) error {
+		slots <- run.LimiterSlots()
+		return nil
+	})
+	e := newEnv(t, srv.Client(t), Config{Prefix: "limlag", Partitions: 1, Limiters: []Limiter{{Name: "remote", Concurrency: 1}},
+		Jobs: []Job{{Scope: "sync", Limiters: []string{"remote"}, Stages: []Stage{{Name: "push", Handler: h}}}}})
+	e.startRunner(RunnerConfig{ID: "limlag", LeaseTTL: 10 * time.Second})
+	clSubmit(t, e.reg, "u1", "sync", SourceManual, "")
+	before := clRecv(t, slots, 10*time.Second, "a run to start")
+	e.waitStatus("u1", "sync", 10*time.Second, StatusDone)
+
+	lagAndLose(t, clk, e.rdb)
+	clSubmit(t, e.reg, "u1", "sync", SourceManual, "")
+	after := clRecv(t, slots, 10*time.Second, "a run to start after the loss")
+	if len(before) != 1 || len(after) != 1 || after[0].Slot != before[0].Slot {
+		t.Fatalf("slots %v then %v, want slot 0 of remote both times", before, after)
+	}
+	if after[0].Token <= before[0].Token {
+		t.Fatalf("slot 0 of remote: token %d after the loss, below %d before it (%s): a fencing downstream refuses this holder",
+			after[0].Token, before[0].Token, time.Duration(before[0].Token-after[0].Token)*time.Microsecond)
+	}
+}

@@ -125,7 +125,7 @@ func (r *Runner) releaseCalls(grants []slotGrant, id string, pop int, back start
 			n = pop
 		}
 		calls[i] = &scriptCall{script: r.reg.scripts.limiterRelease, keys: []string{g.lim.key},
-			args: []any{g.lim.conf, r.owner, r.slotTTL(g.lim).Milliseconds(), n, h, string(back), group, g.slot, g.token, id}}
+			args: []any{g.lim.conf, r.owner, r.slotTTL(g.lim).Milliseconds(), n, h, string(back), group, r.grantFloor(), g.slot, g.token, id}}
 	}
 	return calls
 }

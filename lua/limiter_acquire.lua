@@ -19,7 +19,8 @@
 -- ARGV[1] configuration (lib/limiters.lua lim_open)   ARGV[2] owner
 -- ARGV[3] slot ttl (ms)   ARGV[4] hold (ms, 0 none: limiter_release.lua)
 -- ARGV[5] for claims: history cap US retention (ms); '' when none is asked
--- ARGV[6] the runner's token floor (jobs/tokenfloor.go; '' none): a run
+-- ARGV[6] the runner's token floor (jobs/tokenfloor.go; '' none): slot
+--         tokens, and the token of a run
 --         claimed here gets a token above it (lib/base.lua floored)
 -- ARGV[7] R, the slots given back, then 3R values: slot number, token,
 --         member
@@ -41,7 +42,7 @@
 -- holder, HSET of the token (and rate); a member that waits: HSETNX,
 -- HSET of the count, HINCRBY of the order, ZADD (and, a group's first,
 -- ZCARD and RPUSH).
-local l = lim_open(KEYS[1], ARGV[1], ARGV[3])
+local l = lim_open(KEYS[1], ARGV[1], ARGV[3], ARGV[6])
 local owner = ARGV[2]
 lim_hold(l, tonum(ARGV[4]))
 local rel_end = 7 + 3 * tonum(ARGV[7])

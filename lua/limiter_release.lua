@@ -14,16 +14,18 @@
 --         they never ran and their members wait again, first in line
 --         (a reserved run whose claim failed: lib/limiters.lua lim_release)
 -- ARGV[7] with 'w', the members' fair-share group
+-- ARGV[8] the runner's token floor (jobs/tokenfloor.go; '' none): the
+--         tokens of the slots reserved are above it
 -- then per slot 3 values: slot number (-1: a rate-only limiter), token,
 -- member
 -- returns {reserved, look again in (ms, by Redis
 --   time: a runner's clock may differ; 0 when none waits), waiting}
-local l = lim_open(KEYS[1], ARGV[1], ARGV[3])
+local l = lim_open(KEYS[1], ARGV[1], ARGV[3], ARGV[8])
 local owner = ARGV[2]
 lim_hold(l, tonum(ARGV[5]))
 local again = nil
 if ARGV[6] == 'w' then again = ARGV[7] end
-for j = 8, #ARGV, 3 do
+for j = 9, #ARGV, 3 do
   lim_release(l, ARGV[j], ARGV[j + 1], ARGV[j + 2], owner, ARGV[6] ~= '0', again)
 end
 local reserved = {}

@@ -27,8 +27,11 @@
 local LIMS, n_lims = {}, 0
 
 -- lim_open returns the limiter's state for one call: keys, configuration
--- and Redis time; the slots are (re)made when the concurrency changed.
-local function lim_open(base, conf, ttl)
+-- and Redis time, raised above floor (the caller's token floor, '' none:
+-- lib/base.lua floored), so slot tokens keep growing when Redis lost the
+-- limiter and its clock lags; the slots are (re)made when the concurrency
+-- changed.
+local function lim_open(base, conf, ttl, floor)
   local id = base .. ' ' .. conf
   local k = LIMS[id]
   if not k then
@@ -44,7 +47,7 @@ local function lim_open(base, conf, ttl)
   local ms, us = clock()
   l.now = tonum(ms)
   l.ms = ms
-  l.us = us
+  l.us = floored(us, floor)
   local h = rcall('HMGET', base, 'n', 'tat', 'holdUntil', 'token', 'waiting')
   l.tat = tonum(h[2]) or 0
   l.hold = tonum(h[3]) or 0
