@@ -74,7 +74,7 @@ func TestSubmitRunAgainAfterItsRunStartedIsARepeat(t *testing.T) {
 			ctx := context.Background()
 			capture := &scriptCapture{}
 			b.Client.AddHook(capture)
-			hold := newClHold(3)
+			hold := newClHold(5)
 			e := newEnv(t, b.Client, Config{Prefix: "rs", Partitions: 1, Jobs: []Job{clJob("course_sync", Stage{Name: "pulling", Handler: hold})}})
 			clStartRunner(e, RunnerConfig{ID: "rs", Concurrency: 2}, 1)
 
@@ -138,7 +138,37 @@ func TestSubmitRunAgainAfterItsRunStartedIsARepeat(t *testing.T) {
 			if v, err := e.reg.Get(ctx, "u2", "course_sync"); err != nil || v.Status != StatusDone || v.RunID != started.RunID {
 				t.Fatalf("u2 after the repeat: %+v %v, want run %s done, nothing started", v, err, started.RunID)
 			}
+
+			// A queue request that started a run, repeated once that run
+			// is over and another request's run is running: the chaos run
+			// of seed 1796677702355026443 (single Redis, replies lost)
+			// queued the ended run's id behind the newer run, and it ran
+			// twice. The record's prior runs name it.
+			x := clSubmit(t, e.reg, "u3", "course_sync", SourceManual, PolicyQueue)
+			call = capture.carrying(x.RunID)
+			clRecv(t, hold.entered, 5*time.Second, "u3's first run")
+			hold.release <- struct{}{}
+			e.waitStatus("u3", "course_sync", 5*time.Second, StatusDone)
+			y := clSubmit(t, e.reg, "u3", "course_sync", SourceManual, PolicyQueue)
+			clRecv(t, hold.entered, 5*time.Second, "u3's second run")
+			if err := e.rdb.Do(ctx, call...).Err(); err != nil {
+				t.Fatalf("repeat of u3's first request: %v", err)
+			}
+			hold.release <- struct{}{}
+			e.waitStatus("u3", "course_sync", 5*time.Second, StatusDone)
+			if v, err := e.reg.Get(ctx, "u3", "course_sync"); err != nil || v.RunID != y.RunID {
+				t.Fatalf("u3 after the repeat: %+v %v, want run %s done, nothing queued behind it", v, err, y.RunID)
+			}
 			hold.mu.Lock()
+			n := 0
+			for _, r := range hold.runs {
+				if r.RunID() == x.RunID {
+					n++
+				}
+			}
+			if n != 1 {
+				t.Fatalf("run %s of u3 executed %d times, want once", x.RunID, n)
+			}
 		})
 	}
 }

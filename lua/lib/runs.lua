@@ -14,9 +14,10 @@
 -- the reclaim pass claims it when it is due, as it does an entry whose
 -- holder died — and whose 'waiting' says so ("notBefore <ms>", which
 -- jobs.viewFromValues shows as the view's notBefore). Positional, not a
--- table: a table per new run cost ~2,500 instructions.
+-- table: a table per new run cost ~2,500 instructions. prior: the record's
+-- 'prior' to write when it exists (prior_after), or nil.
 local function new_run(task, q, hist, key, run_id, stages, max_attempts, sources, source, now, exists, co, last_success,
-                       not_before)
+                       not_before, prior)
   local lane = lane_for(sources)
   local id, waiting
   if not_before then
@@ -36,6 +37,7 @@ local function new_run(task, q, hist, key, run_id, stages, max_attempts, sources
     -- finishedAt is cleared, so a done run's time (last_success) moves to
     -- lastSuccessAt: finish_terminal writes it to finishedAt alone
     if last_success then f[#f + 1], f[#f + 2] = 'lastSuccessAt', last_success end
+    if prior then f[#f + 1], f[#f + 2] = 'prior', prior end
     rcall('HSET', task, unpk(f))
     rcall('PERSIST', task)
     rcall('PERSIST', hist)
@@ -57,6 +59,27 @@ local function new_run(task, q, hist, key, run_id, stages, max_attempts, sources
   return id
 end
 
+-- prior_after is a record's 'prior' once a new run replaces run cur: the
+-- ids of the last two runs before the one on record, newest first, space
+-- separated. A request repeated after its run ended and another began
+-- (go-redis sends a call again when its reply was lost, and the repeat may
+-- land seconds later) is known by them (submit_one) instead of starting
+-- the ended run's id again. Cost: ~50 bytes per key.
+local function prior_after(cur, prior)
+  if not cur or cur == '' then return prior end
+  if not prior or prior == '' then return cur end
+  local sp = sfind(prior, ' ', 1, true)
+  return cur .. ' ' .. (sp and ssub(prior, 1, sp - 1) or prior)
+end
+
+-- was_prior reports whether run_id is one of prior's (prior_after).
+local function was_prior(prior, run_id)
+  if not prior or prior == '' then return false end
+  local sp = sfind(prior, ' ', 1, true)
+  if not sp then return prior == run_id end
+  return ssub(prior, 1, sp - 1) == run_id or ssub(prior, sp + 1) == run_id
+end
+
 -- follow_up_id is the run id of the follow-up of run run_id when the caller
 -- sent none: a run ends once, so it is as unique as a random one, and
 -- callers need not send an id for this rare case.
@@ -67,7 +90,7 @@ end
 -- FT_FIELDS are the record fields finish_terminal reads when its caller
 -- passes no record (ft_read).
 local FT_FIELDS = {'entry', 'runId', 'key', 'followUp', 'followUpSources', 'stages', 'maxAttempts',
-  'stage', 'owner', 'token', 'lane', 'co', 'cancel', 'nextAttemptAt', 'waiting', 'lastError', 'v', 'followUpRunId'}
+  'stage', 'owner', 'token', 'lane', 'co', 'cancel', 'nextAttemptAt', 'waiting', 'lastError', 'v', 'followUpRunId', 'prior'}
 
 -- ft_read reads fields (a list of names) of task into table r, by name:
 -- r[name] is the value, or nil when the field is absent.
@@ -81,7 +104,7 @@ local function ft_read(task, fields, r)
 end
 
 -- FT_FOLLOW_UP: the fields only the start of a queued follow-up reads.
-local FT_FOLLOW_UP = {'followUpSources', 'co', 'maxAttempts', 'followUpRunId'}
+local FT_FOLLOW_UP = {'followUpSources', 'co', 'maxAttempts', 'followUpRunId', 'prior'}
 
 -- finish_terminal ends the current run as done, failed or cancelled: it
 -- acknowledges its request, records the result, and starts the queued
@@ -158,7 +181,7 @@ local function finish_terminal(c, result, err, r, before)
     local stages, max_attempts = r.stages, r.maxAttempts
     if c.stages and c.stages ~= '' then stages, max_attempts = c.stages, c.max_attempts end
     new_run(c.task, c.q, c.hist, r.key, next_run_id, stages, max_attempts, srcs, first, c.now, true, r.co,
-      result == 'done' and c.now or nil)
+      result == 'done' and c.now or nil, nil, prior_after(r.runId, r.prior))
     if c.links_from and rcall('EXISTS', c.links_from) == 1 then rcall('RENAME', c.links_from, links_to) end
   elseif conf_num(c.retention) > 0 then
     rcall('PEXPIRE', c.task, c.retention)

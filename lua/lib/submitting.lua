@@ -18,7 +18,7 @@ local VIEW_FIELDS = {'runId', 'status', 'stage', 'stages', 'done', 'attempt', 'm
 -- HMGET), then what it decides on.
 local SUBMIT_READ = {'runId', 'status', 'stage', 'stages', 'done', 'attempt', 'maxAttempts', 'sources',
   'owner', 'token', 'requestedAt', 'startedAt', 'updatedAt', 'finishedAt', 'nextAttemptAt', 'lastError',
-  'cancel', 'followUp', 'waiting', 'lastSuccessAt', 'followUpSources', 'lane', 'entry', 'co', 'group'}
+  'cancel', 'followUp', 'waiting', 'lastSuccessAt', 'followUpSources', 'lane', 'entry', 'co', 'group', 'prior'}
 
 -- view_reply encodes the view fields as one string, US-separated in
 -- VIEW_FIELDS order (jobs.viewFromReply): one reply value instead of a
@@ -242,7 +242,10 @@ local function submit_one(a, vals)
   -- the script twice. It is served already; writing again would queue the
   -- run behind itself, cancel it (replace) or start it anew. The caller
   -- reads the view.
-  if cur == a.run_id then return 'joined' end
+  -- So is one whose run ended since and a run after it is on record
+  -- (prior: the runs before the one on record): a request's own id names
+  -- one run only.
+  if cur == a.run_id or was_prior(vals[X + 26], a.run_id) then return 'joined' end
   local active = status == 'queued' or status == 'running' or status == 'retrying'
   -- A new run (no active one, not throttled): nothing read is needed but
   -- whether the record exists, and the reply is what was written.
@@ -255,7 +258,7 @@ local function submit_one(a, vals)
     and now - last < a.min_interval
   if not active and not throttled then
     new_run(task, a.q, hist, a.key, a.run_id, a.stages, a.max_attempts, src, src, now, status and true or false,
-      vals[X + 24], last_success, a.not_before)
+      vals[X + 24], last_success, a.not_before, prior_after(cur, vals[X + 26]))
     -- The run's fair-share group (jobs.SubmitOptions.Group), which the
     -- limiter scripts read: written only when the request names one, and
     -- one that a run before it left on the record is dropped. A request
