@@ -54,4 +54,9 @@ func (r *Runner) tokenFloor() int64 { return r.tokensSeen.Load() }
 // grantFloor is the floor every call that may grant this runner a lease
 // sends: its tokenFloor, or its clock in µs when later. Cost: a clock read
 // per call.
-func (r *Runner) grantFloor() int64 { return max(r.tokensSeen.Load(), r.wallClock().UnixMicro()) }
+func (r *Runner) grantFloor() int64 {
+	if timeTokensOnly {
+		return 0
+	}
+	return max(r.tokensSeen.Load(), r.wallClock().UnixMicro())
+}

@@ -16,7 +16,8 @@
 //
 //	go run ./cmd/chaos [--duration 45s] [--runners 3] [--keys 200] [--topology single|sentinel|cluster]
 //	                   [--limit 5] [--seed N] [--json] [--runner-bin PATH] [--keep-logs DIR]
-//	                   [--net-faults all|none|KIND,...] [--runner-tags TAGS]
+//	                   [--net-faults all|none|KIND,...] [--clock-faults all|none]
+//	                   [--runner-tags TAGS]
 //
 // It builds the runner into a temporary directory unless --runner-bin
 // names one, and needs redis-server on PATH. Progress goes to stderr; the
@@ -79,7 +80,8 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	asJSON := fs.Bool("json", false, "print the report as one JSON object")
 	runnerBin := fs.String("runner-bin", "", "a built runner binary to test (default: go build "+runnerPkg+")")
 	netFaults := fs.String("net-faults", "all", fmt.Sprintf("network faults between the runners and Redis, comma-separated: all, none, or of %s", strings.Join(chaos.NetFaultKinds(), ",")))
-	tags := fs.String("runner-tags", "", "build tags for the runner it builds (tasklease_failpoint_ignore_loss: a build that keeps working after it lost its lease, which the checks must catch)")
+	clockFaults := fs.String("clock-faults", "all", "clock faults: all (every Redis fault brings up a node whose clock lags the one it replaces) or none")
+	tags := fs.String("runner-tags", "", "build tags for the runner it builds (tasklease_failpoint_ignore_loss: a build that keeps working after it lost its lease; tasklease_failpoint_time_tokens: one whose tokens come from Redis TIME alone; the checks must catch both)")
 	keepLogs := fs.String("keep-logs", "", "copy the runners' logs here (default: only for a run with violations, into $TMPDIR)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -98,6 +100,10 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	}
 	if *limit < 1 || *limit > chaos.LimitMax {
 		fmt.Fprintf(stderr, "chaos: --limit must be 1 to %d\n", chaos.LimitMax)
+		return exitFailed
+	}
+	if *clockFaults != "all" && *clockFaults != "none" {
+		fmt.Fprintf(stderr, "chaos: --clock-faults %q: want all or none\n", *clockFaults)
 		return exitFailed
 	}
 	nets, err := parseNetFaults(*netFaults)
@@ -145,15 +151,15 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	t.Logf("seed %d, chaos for %v with %d runners and %d bulk keys on %s Redis", *seed, *dur, *runners, *keys, *topo)
 	rep, err := chaos.Run(t, chaos.Options{
 		Duration: *dur, Runners: *runners, Keys: *keys, Seed: *seed, ExecBurst: *burst,
-		RunnerBin: bin, Topology: *topo, KeepLogs: *keepLogs, Limit: *limit, NetFaults: nets,
+		RunnerBin: bin, Topology: *topo, KeepLogs: *keepLogs, Limit: *limit, NetFaults: nets, NoClockFaults: *clockFaults == "none",
 	})
 	t.runCleanups()
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return exitFailed
 	}
-	replay := fmt.Sprintf("go run ./cmd/chaos --seed %d --duration %v --runners %d --keys %d --exec-burst %d --limit %d --topology %s --net-faults %s",
-		rep.Seed, *dur, rep.Runners, rep.Keys, *burst, rep.Limit, rep.Topology, *netFaults)
+	replay := fmt.Sprintf("go run ./cmd/chaos --seed %d --duration %v --runners %d --keys %d --exec-burst %d --limit %d --topology %s --net-faults %s --clock-faults %s",
+		rep.Seed, *dur, rep.Runners, rep.Keys, *burst, rep.Limit, rep.Topology, *netFaults, *clockFaults)
 	if *tags != "" {
 		replay += " --runner-tags " + *tags
 	}

@@ -6,6 +6,7 @@ package chaos
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"strconv"
 	"sync"
@@ -97,6 +98,10 @@ func (h *harness) faults(dur time.Duration, long bool) {
 		}
 	}
 }
+
+// clockLagHold is how long the node a Redis fault brought up serves on
+// its lagging clock before it steps forward to the true time.
+const clockLagHold = 3 * time.Second
 
 // pauseRedis runs CLIENT PAUSE for d and waits until it has ended: no
 // runner can renew meanwhile, and leases expire as it ends.
@@ -240,12 +245,36 @@ func (h *harness) redisFault(kind string) {
 	h.states = append(h.states, map[int64]occState{})
 	h.stMu.Unlock()
 	o := outage{kind: kind, down: time.Now()}
-	serving := h.topo.dataFault(t, kind, h.rng, time.Duration(500+h.rng.IntN(500))*time.Millisecond)
+	down := time.Duration(500+h.rng.IntN(500)) * time.Millisecond
+	if h.clockFaults {
+		o.lag = ClockLagMin + time.Duration(h.rng.Int64N(int64(ClockLagMax-ClockLagMin)))
+		h.clockLags.Add(1)
+	}
+	serving := h.topo.dataFault(t, kind, h.rng, down, o.lag)
+	if o.lag > 0 {
+		// The lagging clock serves for a while, then steps forward to
+		// the true time (NTP catching up): the leases it granted end
+		// early by the lag, as a clock that jumps does. The fault's
+		// window, the checks' excuse for data loss, ends after the step.
+		time.Sleep(clockLagHold)
+		for _, n := range h.topo.clockNodes() {
+			if err := n.Clock().Set(0); err != nil {
+				t.Fatalf("chaos: clock back: %v", err)
+			}
+		}
+	}
 	o.up, o.serving = time.Now(), serving
 	h.outages = append(h.outages, o)
 	h.epochs = append(h.epochs, &epoch{start: h.seedSubjects()})
-	h.logf("Redis fault %s: serving again after %v; subjects seeded again in %v",
-		kind, serving.Round(time.Millisecond), time.Since(o.up).Round(time.Millisecond))
+	lagged := ""
+	if o.lag > 0 {
+		lagged = fmt.Sprintf(", its clock %v behind the one before", o.lag.Round(time.Millisecond))
+	}
+	h.logf("Redis fault %s%s: serving again after %v; subjects seeded again in %v",
+		kind, lagged, serving.Round(time.Millisecond), time.Since(o.up).Round(time.Millisecond))
+	if o.lag > 0 {
+		h.logf("clocks stepped forward to the true time %v after serving again", clockLagHold)
+	}
 }
 
 // execBurst makes the burst job's stages live at once (Options.ExecBurst),

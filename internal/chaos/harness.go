@@ -49,6 +49,7 @@ type outage struct {
 	kind     string
 	down, up time.Time
 	serving  time.Duration // until Redis served again (a failover: the promotion), as the topology measured it
+	lag      time.Duration // how far the clock of the node serving after it lags the one before (0: none)
 }
 
 // stopSpan is a SIGSTOP of one runner incarnation (or, with marker "", a
@@ -96,6 +97,8 @@ type harness struct {
 	acc                     acceptLog   // the load's accepted submits and cancels (check 6)
 	net                     *network    // nil: no network faults
 	netFaults               []string    // the kinds to make (Options.NetFaults)
+	clockFaults             bool        // every Redis fault brings up a lagging clock (Options.NoClockFaults)
+	clockLags               atomic.Int64
 
 	mu      sync.Mutex
 	runners map[string]*runnerProc
@@ -159,6 +162,7 @@ func newHarness(t redistest.T, opts Options, topo topology) (*harness, error) {
 		h.ids = append(h.ids, fmt.Sprintf("chaos-%c", 'a'+i))
 	}
 	h.rec = newRecorder(t, opts.Seed, ks)
+	h.clockFaults = !opts.NoClockFaults
 	if len(opts.NetFaults) > 0 {
 		h.net, h.netFaults = newNetwork(topo.dataNodes()), opts.NetFaults
 		t.Cleanup(h.net.close)
@@ -382,7 +386,7 @@ func (h *harness) run(opts Options) (Report, error) {
 	for _, o := range h.outages {
 		rep.FaultsByKind[o.kind]++
 		rep.RedisFaults = append(rep.RedisFaults, RedisFault{Kind: o.kind, AtSeconds: o.down.Sub(h.t0).Round(100 * time.Millisecond).Seconds(),
-			ServingAfterSeconds: o.serving.Round(time.Millisecond).Seconds()})
+			ServingAfterSeconds: o.serving.Round(time.Millisecond).Seconds(), ClockLagSeconds: o.lag.Round(time.Millisecond).Seconds()})
 	}
 	for _, n := range rep.FaultsByKind {
 		rep.Faults += n

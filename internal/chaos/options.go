@@ -43,6 +43,14 @@ const (
 	// (Options.Limit).
 	LimitDefault = 5
 
+	// ClockLagMin and ClockLagMax bound how far the clock of the node a
+	// Redis fault brings up lags the clock of the node it replaces: more
+	// than the time since the last grant (the load grants every few
+	// milliseconds), and little enough that the leases the new node
+	// extends by as much still end within the drain.
+	ClockLagMin = 3 * time.Second
+	ClockLagMax = 8 * time.Second
+
 	// LimitMax bounds Limit: the limited job has limitedN subjects, and a
 	// limit that its runs cannot reach checks nothing.
 	LimitMax = limitedN / 2
@@ -105,6 +113,12 @@ type Options struct {
 	// a time, on one runner at a time, every 1.5–4 s. Nil: all of them;
 	// empty (not nil): none, and the runners connect to Redis directly.
 	NetFaults []string
+
+	// NoClockFaults turns the clock faults off: by default every Redis
+	// fault brings up a node whose clock lags the one it replaces by
+	// ClockLagMin..ClockLagMax (see topology.go), so a token made from
+	// Redis TIME alone would go below one already issued (check 2).
+	NoClockFaults bool
 
 	// KeepLogs, when set, is a directory the runners' logs and the exec
 	// stage's log are copied to at the end of the run. Without it they are

@@ -179,6 +179,9 @@ type RedisFault struct {
 	Kind                string  `json:"kind"`
 	AtSeconds           float64 `json:"atSeconds"`
 	ServingAfterSeconds float64 `json:"servingAfterSeconds"`
+	// ClockLagSeconds: how far the clock of the node serving after it
+	// lagged the one before (0: clock faults off).
+	ClockLagSeconds float64 `json:"clockLagSeconds"`
 }
 
 // Summary renders the report's figures, a line each (without the
@@ -226,7 +229,11 @@ func (r Report) Summary() []string {
 		lines = append(lines, fmt.Sprintf("limited: %d slot tokens were held by two executions; the first: %s", r.SlotTokensTwice, r.SlotTokensTwiceExample))
 	}
 	for _, f := range r.RedisFaults {
-		lines = append(lines, fmt.Sprintf("redis fault at %.1fs: %s, serving again after %v", f.AtSeconds, f.Kind, seconds(f.ServingAfterSeconds)))
+		lag := ""
+		if f.ClockLagSeconds > 0 {
+			lag = fmt.Sprintf(", onto a clock %v behind", seconds(f.ClockLagSeconds))
+		}
+		lines = append(lines, fmt.Sprintf("redis fault at %.1fs: %s%s, serving again after %v", f.AtSeconds, f.Kind, lag, seconds(f.ServingAfterSeconds)))
 	}
 	return append(lines, r.RunnerLogErrors...)
 }

@@ -31,7 +31,8 @@ func (h *harness) checkRerun(reqs []recReq, lines []execLine) int {
 	}
 	excused := func(endedAt int64) bool {
 		for _, o := range h.outages {
-			if endedAt >= o.down.Add(-lossWindow).UnixMilli() && endedAt <= o.up.UnixMilli() {
+			// endedAt is Redis time, up to the fault's clock lag behind the host's
+			if endedAt >= o.down.Add(-lossWindow-o.lag).UnixMilli() && endedAt <= o.up.UnixMilli() {
 				return true
 			}
 		}

@@ -34,9 +34,14 @@ type topology interface {
 	// epoch (data may be lost).
 	dataFaults() []string
 	// dataFault makes one of them happen: Redis is serving again when it
-	// returns; down is how long a restarted server stays down. It returns
-	// how long Redis took to serve again after the fault began.
-	dataFault(t redistest.T, kind string, rng *rand.Rand, down time.Duration) time.Duration
+	// returns; down is how long a restarted server stays down. With lag,
+	// the node that serves after it has a clock lag behind the one it
+	// replaces (a failover to a lagging replica). It returns how long
+	// Redis took to serve again after the fault began.
+	dataFault(t redistest.T, kind string, rng *rand.Rand, down, lag time.Duration) time.Duration
+	// clockNodes are the data nodes that run on a clock of their own
+	// (none without clock faults).
+	clockNodes() []*redistest.Server
 	// pause runs CLIENT PAUSE for d on the node that takes the writes (one
 	// picked by rng on Cluster).
 	pause(t redistest.T, ctx context.Context, rng *rand.Rand, d time.Duration) error
@@ -50,13 +55,14 @@ type topology interface {
 // redis-server it skips t, unless TASKLEASE_REQUIRE_REDIS=1.
 func newTopology(t redistest.T, opts Options) (topology, error) {
 	t.Helper()
+	clocks := !opts.NoClockFaults
 	switch name := opts.Topology; name {
 	case TopologySingle:
-		return startSingle(t), nil
+		return startSingle(t, clocks), nil
 	case TopologySentinel:
-		return startSentinel(t), nil
+		return startSentinel(t, clocks), nil
 	case TopologyCluster:
-		return startCluster(t), nil
+		return startCluster(t, clocks), nil
 	default:
 		return nil, fmt.Errorf("unknown topology %q (want %s, %s or %s)", name, TopologySingle, TopologySentinel, TopologyCluster)
 	}
@@ -68,10 +74,30 @@ type single struct {
 	rdb *redis.Client
 }
 
-func startSingle(t redistest.T) *single {
+func startSingle(t redistest.T, clocks bool) *single {
 	t.Helper()
-	rs := redistest.StartServerWith(t, "--appendonly", "yes", "--appendfsync", "everysec")
+	args := []string{"--appendonly", "yes", "--appendfsync", "everysec"}
+	var rs *redistest.Server
+	if clocks {
+		rs = redistest.StartServerWithClock(t, redistest.NewClock(t), args...)
+	} else {
+		rs = redistest.StartServerWith(t, args...)
+	}
 	return &single{rs: rs, rdb: rs.Client(t)}
+}
+
+// lagBehind sets the clocks of the nodes that may serve next to lag behind
+// the clock of from, the node they replace.
+func lagBehind(from *redistest.Server, next []*redistest.Server, lag time.Duration) error {
+	if lag == 0 || from.Clock() == nil {
+		return nil
+	}
+	for _, n := range next {
+		if err := n.Clock().Set(from.Clock().Offset() - lag); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (s *single) name() string                  { return TopologySingle }
@@ -83,6 +109,19 @@ func (s *single) runnerEnv() []string {
 
 func (s *single) dataNodes() []string { return []string{s.rs.Addr()} }
 
+func (s *single) clockNodes() []*redistest.Server { return clocked(s.rs) }
+
+// clocked is those of ns that run on a clock of their own.
+func clocked(ns ...*redistest.Server) []*redistest.Server {
+	var out []*redistest.Server
+	for _, n := range ns {
+		if n.Clock() != nil {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
 func (s *single) dataFaults() []string {
 	return []string{FaultRedisRestartKeepData, FaultRedisRestartEmpty}
 }
@@ -90,11 +129,14 @@ func (s *single) dataFaults() []string {
 // dataFault kills the server (a crash) and starts it on the same port,
 // from its append-only file or, for FaultRedisRestartEmpty, with the
 // files gone.
-func (s *single) dataFault(t redistest.T, kind string, _ *rand.Rand, down time.Duration) time.Duration {
+func (s *single) dataFault(t redistest.T, kind string, _ *rand.Rand, down, lag time.Duration) time.Duration {
 	t.Helper()
 	start := time.Now()
 	s.rs.Kill()
 	time.Sleep(down)
+	if err := lagBehind(s.rs, []*redistest.Server{s.rs}, lag); err != nil {
+		t.Fatalf("chaos: %v", err)
+	}
 	if kind == FaultRedisRestartEmpty {
 		if err := s.rs.WipeData(); err != nil {
 			t.Fatalf("chaos: %v", err)
@@ -128,9 +170,9 @@ type sentinel struct {
 // (2 s) with a margin; a planned failover takes about 4 s.
 const sentinelDownAfter = 3 * time.Second
 
-func startSentinel(t redistest.T) *sentinel {
+func startSentinel(t redistest.T, clocks bool) *sentinel {
 	t.Helper()
-	st := redistest.StartSentinelWith(t, redistest.SentinelOptions{DownAfter: sentinelDownAfter})
+	st := redistest.StartSentinelWith(t, redistest.SentinelOptions{DownAfter: sentinelDownAfter, Clocks: clocks})
 	return &sentinel{st: st, rdb: st.Client(t)}
 }
 
@@ -150,10 +192,31 @@ func (s *sentinel) dataNodes() []string {
 	return out
 }
 
+func (s *sentinel) clockNodes() []*redistest.Server {
+	return clocked(append([]*redistest.Server{s.st.Primary}, s.st.Replicas...)...)
+}
+
 func (s *sentinel) dataFaults() []string { return []string{FaultFailover, FaultFailover} }
 
-func (s *sentinel) dataFault(t redistest.T, _ string, _ *rand.Rand, _ time.Duration) time.Duration {
+func (s *sentinel) dataFault(t redistest.T, _ string, _ *rand.Rand, _, lag time.Duration) time.Duration {
 	t.Helper()
+	// The Sentinels pick the replica to promote: each lags the primary.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	addr, err := s.st.MasterAddr(ctx)
+	cancel()
+	if err != nil {
+		t.Fatalf("chaos: the primary before a failover: %v", err)
+	}
+	primary := s.st.Server(addr)
+	var next []*redistest.Server
+	for _, n := range append([]*redistest.Server{s.st.Primary}, s.st.Replicas...) {
+		if n != primary {
+			next = append(next, n)
+		}
+	}
+	if err := lagBehind(primary, next, lag); err != nil {
+		t.Fatalf("chaos: %v", err)
+	}
 	_, took := s.st.FailOver(t, time.Minute)
 	s.failovers++
 	return took
@@ -181,9 +244,9 @@ type cluster struct {
 	rdb *redis.ClusterClient
 }
 
-func startCluster(t redistest.T) *cluster {
+func startCluster(t redistest.T, clocks bool) *cluster {
 	t.Helper()
-	c := redistest.StartClusterWithReplicas(t)
+	c := redistest.StartClusterWith(t, redistest.ClusterOptions{Replicas: 1, Clocks: clocks})
 	return &cluster{c: c, rdb: c.Client(t)}
 }
 
@@ -196,6 +259,8 @@ func (s *cluster) runnerEnv() []string {
 
 func (s *cluster) dataNodes() []string { return s.c.Addrs() }
 
+func (s *cluster) clockNodes() []*redistest.Server { return clocked(s.c.Nodes()...) }
+
 func (s *cluster) dataFaults() []string { return []string{FaultFailover, FaultFailover} }
 
 // partitionMaster is the master serving a partition picked by rng: a
@@ -204,9 +269,13 @@ func (s *cluster) partitionMaster(t redistest.T, rng *rand.Rand) *redistest.Serv
 	return s.c.MasterOf(t, fmt.Sprintf("{%s:p%d}", keyPrefix, rng.IntN(partitions)))
 }
 
-func (s *cluster) dataFault(t redistest.T, _ string, rng *rand.Rand, _ time.Duration) time.Duration {
+func (s *cluster) dataFault(t redistest.T, _ string, rng *rand.Rand, _, lag time.Duration) time.Duration {
 	t.Helper()
-	return s.c.FailOver(t, s.partitionMaster(t, rng), time.Minute)
+	m := s.partitionMaster(t, rng)
+	if err := lagBehind(m, s.c.ReplicasOf(t, m), lag); err != nil {
+		t.Fatalf("chaos: %v", err)
+	}
+	return s.c.FailOver(t, m, time.Minute)
 }
 
 // unplanned: a paused master still answers on the cluster bus, so no pause

@@ -126,6 +126,27 @@ func NewClock(t T) *Clock {
 	return c
 }
 
+// Another returns a clock of its own (offset 0) that shares c's shim: one
+// per server, for servers whose clocks differ.
+func (c *Clock) Another(t T) *Clock {
+	t.Helper()
+	n := &Clock{lib: c.lib, file: filepath.Join(t.TempDir(), "offset")}
+	if err := n.Set(0); err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	return n
+}
+
+// Offset is the offset Set last wrote.
+func (c *Clock) Offset() time.Duration {
+	b, err := os.ReadFile(c.file)
+	if err != nil {
+		return 0
+	}
+	us, _ := strconv.ParseInt(string(b), 10, 64)
+	return time.Duration(us) * time.Microsecond
+}
+
 // Set moves the clock of every server started with c to the real clock
 // plus d (negative: behind). It takes effect within a millisecond.
 func (c *Clock) Set(d time.Duration) error {
@@ -150,7 +171,29 @@ func StartServerWithClock(t T, c *Clock, args ...string) *Server {
 	bin := requireBinary(t, "redis-server")
 	extra := slices.Clone(args)
 	s := newServer(t, bin, t.TempDir(), func(int) []string { return extra })
-	s.env = c.env()
+	s.setClock(c)
 	s.startOnFreePort(t, func(t T) int { return FreePort(t) })
 	return s
 }
+
+// setClock runs s on clock c from its next start (before the first).
+func (s *Server) setClock(c *Clock) {
+	s.clock = c
+	s.env = c.env()
+}
+
+// clocks gives servers a Clock each, all sharing the shim the first built.
+type clocks struct{ base *Clock }
+
+func (cs *clocks) give(t T, s *Server) {
+	t.Helper()
+	if cs.base == nil {
+		cs.base = NewClock(t)
+		s.setClock(cs.base)
+		return
+	}
+	s.setClock(cs.base.Another(t))
+}
+
+// Clock is the clock s runs on, or nil (the host's).
+func (s *Server) Clock() *Clock { return s.clock }

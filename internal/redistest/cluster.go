@@ -6,6 +6,7 @@ import (
 	"net"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -49,7 +50,16 @@ type Cluster struct {
 // TASKLEASE_REQUIRE_REDIS=1. All nodes are stopped when the test ends.
 func StartCluster(t T) *Cluster {
 	t.Helper()
-	return startCluster(t, 0)
+	return StartClusterWith(t, ClusterOptions{})
+}
+
+// ClusterOptions tune StartClusterWith.
+type ClusterOptions struct {
+	// Replicas per master: 0 or 1 (StartClusterWithReplicas).
+	Replicas int
+	// Clocks runs each node on a Clock of its own (Server.Clock), offset
+	// 0 at start.
+	Clocks bool
 }
 
 // StartClusterWithReplicas is StartCluster with one replica per master
@@ -59,16 +69,19 @@ func StartCluster(t T) *Cluster {
 // Server.Kill and WaitFailover).
 func StartClusterWithReplicas(t T) *Cluster {
 	t.Helper()
-	return startCluster(t, 1)
+	return StartClusterWith(t, ClusterOptions{Replicas: 1})
 }
 
-func startCluster(t T, replicas int) *Cluster {
+// StartClusterWith is StartCluster with opts.
+func StartClusterWith(t T, opts ClusterOptions) *Cluster {
 	t.Helper()
+	replicas := opts.Replicas
 	bin := requireBinary(t, "redis-server")
 	cli := requireBinary(t, "redis-cli")
 	dir := t.TempDir()
 
 	c := &Cluster{replicaOf: map[string]string{}}
+	var cs clocks
 	for range clusterMasters * (1 + replicas) {
 		s := newServer(t, bin, dir, func(port int) []string {
 			args := []string{
@@ -85,6 +98,9 @@ func startCluster(t T, replicas int) *Cluster {
 			}
 			return args
 		})
+		if opts.Clocks {
+			cs.give(t, s)
+		}
 		s.startOnFreePort(t, freeClusterPort)
 		c.nodes = append(c.nodes, s)
 	}
@@ -485,3 +501,33 @@ func (c *Cluster) checkFailover(ctx context.Context, dead, replica string) error
 	}
 	return nil
 }
+
+// ReplicasOf returns the running replicas of master now, as the master's
+// CLUSTER NODES says: the nodes a failover of master may promote.
+func (c *Cluster) ReplicasOf(t T, master *Server) []*Server {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	nodes, err := clusterNodes(ctx, master.Addr())
+	if err != nil {
+		t.Fatalf("redistest: CLUSTER NODES on %s: %v", master.Addr(), err)
+	}
+	id := ""
+	for _, n := range nodes {
+		if n.flags["myself"] {
+			id = n.id
+		}
+	}
+	var out []*Server
+	for _, n := range nodes {
+		if n.master == id && id != "" && !n.flags["fail"] {
+			if s := c.node(n.addr); s != nil && s.running() {
+				out = append(out, s)
+			}
+		}
+	}
+	return out
+}
+
+// Nodes returns every node, running or not.
+func (c *Cluster) Nodes() []*Server { return slices.Clone(c.nodes) }

@@ -158,6 +158,7 @@ type Server struct {
 	confFile func(port int) (string, error)
 	log      *LogBuffer
 	env      []string // added to the process's environment (Clock)
+	clock    *Clock   // nil: the host's
 
 	mu     sync.Mutex // serialises lifecycle calls from test goroutines
 	port   int

@@ -31,6 +31,9 @@ type SentinelOptions struct {
 	// behind its blocked hello PUBLISH), so a test that pauses for d needs
 	// DownAfter well above d, or the Sentinels fail the primary over.
 	DownAfter time.Duration
+	// Clocks runs each data server (the primary and the replicas, not the
+	// Sentinels) on a Clock of its own (Server.Clock), offset 0 at start.
+	Clocks bool
 }
 
 // sentinelReplicas is how many replicas StartSentinel gives the primary:
@@ -65,13 +68,20 @@ func StartSentinelWith(t T, opts SentinelOptions) *Sentinels {
 	bin := requireBinary(t, "redis-server")
 	dir := t.TempDir()
 	st := &Sentinels{}
-	st.Primary = newServer(t, bin, dir, nil)
+	var cs clocks
+	clocked := func(s *Server) *Server {
+		if opts.Clocks {
+			cs.give(t, s)
+		}
+		return s
+	}
+	st.Primary = clocked(newServer(t, bin, dir, nil))
 	st.Primary.startOnFreePort(t, func(t T) int { return FreePort(t) })
 	primary := st.Primary.Addr()
 	for range sentinelReplicas {
-		r := newServer(t, bin, dir, func(int) []string {
+		r := clocked(newServer(t, bin, dir, func(int) []string {
 			return []string{"--replicaof", "127.0.0.1", strconv.Itoa(st.Primary.port)}
-		})
+		}))
 		r.startOnFreePort(t, func(t T) int { return FreePort(t) })
 		st.Replicas = append(st.Replicas, r)
 	}

@@ -129,7 +129,7 @@ func (g *sharedGen) run() {
 		}
 	}()
 	sweepSharedDirs()
-	g.cluster = startCluster(g.pt, 0)
+	g.cluster = StartClusterWith(g.pt, ClusterOptions{})
 	started = true
 	close(g.ready)
 	<-g.stop
