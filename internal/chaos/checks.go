@@ -172,9 +172,9 @@ func (h *harness) checkTokensAcross(i int, o outage, final map[string]*keyData, 
 	at := o.down.Format("15:04:05.000")
 	// Grants by Redis time: after a lagging promotion Redis time is up to
 	// the lag behind the host's, so a grant after the fault may be dated
-	// before it. Those the lag makes look after it and are not are known
-	// from before.
-	downMs := o.down.Add(-o.lag).UnixMilli()
+	// before it; one dated within the lag before it is after it unless
+	// its token was seen before the fault.
+	downMs, lagMs := o.down.UnixMilli(), o.down.Add(-o.lag).UnixMilli()
 	for _, k := range h.keys {
 		key := k.String()
 		d := final[key]
@@ -182,7 +182,8 @@ func (h *harness) checkTokensAcross(i int, o outage, final map[string]*keyData, 
 			continue
 		}
 		for _, g := range d.grants {
-			if g.at > downMs && g.token <= preMax[key] && !known[key][g.token] {
+			after := g.at > downMs || g.at > lagMs && !known[key][g.token]
+			if after && g.token <= preMax[key] {
 				h.viol.add(checkTokens, "key %s: token %d granted after the Redis fault %s (%s; %s run %s at %s) is not above token %d seen before it; its recorder requests around the fault:\n%s",
 					key, g.token, o.kind, at, g.event, g.runID, time.UnixMilli(g.at).Format("15:04:05.000"), preMax[key],
 					h.rec.around(key, o.down, 4))
