@@ -83,15 +83,21 @@ func (h *beforeScript) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 func (h *beforeScript) check(cmd redis.Cmder) {
+	if callsScript(cmd, h.name) {
+		h.once.Do(h.fn)
+	}
+}
+
+// callsScript reports whether cmd calls the script called name (an EVALSHA
+// of either build of it, or an FCALL of its function).
+func callsScript(cmd redis.Cmder, name string) bool {
 	args := cmd.Args()
 	if len(args) < 2 {
-		return
+		return false
 	}
 	verb, body := fmt.Sprint(args[0]), fmt.Sprint(args[1])
 	script, _ := lua.ScriptOfFunction(body)
-	if verb == "evalsha" && slices.Contains(scriptSHAs(h.name), body) || verb == "fcall" && script == h.name {
-		h.once.Do(h.fn)
-	}
+	return verb == "evalsha" && slices.Contains(scriptSHAs(name), body) || verb == "fcall" && script == name
 }
 
 // TestClaimInFlightAtShutdownIsHandedBack: the reclaimer's claim is in

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -13,7 +12,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tasklease/tasklease/internal/redistest"
-	"github.com/tasklease/tasklease/lua"
 	"github.com/tasklease/tasklease/taskkey"
 )
 
@@ -188,15 +186,7 @@ func (h *failScript) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 func (h *failScript) run(ctx context.Context, cmds []redis.Cmder, next func(context.Context) error) error {
 	hit := false
 	for _, cmd := range cmds {
-		args := cmd.Args()
-		if len(args) < 2 {
-			continue
-		}
-		verb, body := fmt.Sprint(args[0]), fmt.Sprint(args[1])
-		script, _ := lua.ScriptOfFunction(body)
-		if verb == "evalsha" && slices.Contains(scriptSHAs(h.name), body) || verb == "fcall" && script == h.name {
-			hit = true
-		}
+		hit = hit || callsScript(cmd, h.name)
 	}
 	if !hit || !h.armed.CompareAndSwap(true, false) {
 		return next(ctx)
